@@ -1,0 +1,3 @@
+//! `tessera`: the command-line front end (to be written).
+
+fn main() {}

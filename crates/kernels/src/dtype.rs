@@ -1,0 +1,116 @@
+//! Element types of weight tensors, including GGML's block-quantized formats.
+//!
+//! A quantized row is a sequence of fixed-size blocks; each block packs `block_elems()`
+//! values into `block_bytes()` bytes. Float types are blocks of one element.
+
+use crate::error::KernelError;
+
+/// The storage type of a weight tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// 32 values: f16 scale `d`, 32 × i8. `x = d·q`.
+    Q8_0,
+    /// 32 values: f16 scale `d`, 16 bytes of nibbles. `x = d·(q − 8)`.
+    Q4_0,
+    /// 32 values: f16 scale `d`, f16 min `m`, 16 bytes of nibbles. `x = d·q + m`.
+    Q4_1,
+    /// 256 values in 8 sub-blocks of 32, 6-bit sub-scales and mins, 4-bit quants.
+    Q4K,
+    /// 256 values in 16 sub-blocks of 16, 8-bit sub-scales, 6-bit quants.
+    Q6K,
+}
+
+impl DType {
+    /// Every type, in GGML id order; useful for tests that cover them all.
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4K,
+        DType::Q6K,
+    ];
+
+    /// Number of values in one block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q4K | DType::Q6K => 256,
+        }
+    }
+
+    /// Bytes of one block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q4K => 144,
+            DType::Q6K => 210,
+        }
+    }
+
+    /// True for the block-quantized GGML formats.
+    pub const fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Bytes of a row of `cols` values, or an error when `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
+        if cols % self.block_elems() != 0 {
+            return Err(KernelError::PartialBlock {
+                dtype: self,
+                cols,
+                block_elems: self.block_elems(),
+            });
+        }
+        Ok(cols / self.block_elems() * self.block_bytes())
+    }
+
+    /// The GGML type id used in GGUF files.
+    pub const fn ggml_id(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q8_0 => 8,
+            DType::Q4K => 12,
+            DType::Q6K => 14,
+            DType::BF16 => 30,
+        }
+    }
+
+    /// The type with GGML id `id`, or `None` for a type Tessera does not support.
+    pub fn from_ggml_id(id: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.ggml_id() == id)
+    }
+
+    /// The name GGML and llama.cpp use (`Q4_K`, `BF16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q4K => "Q4_K",
+            DType::Q6K => "Q6_K",
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

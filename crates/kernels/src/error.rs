@@ -1,0 +1,26 @@
+//! Errors of the kernel layer: shape and type mismatches found before any compute runs.
+
+use crate::DType;
+
+/// A kernel refused its inputs.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("a row of {cols} {dtype} values is not a whole number of {block_elems}-value blocks")]
+    PartialBlock {
+        dtype: DType,
+        cols: usize,
+        block_elems: usize,
+    },
+    #[error("{what}: expected {expected} bytes, got {actual}")]
+    ByteLength {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("{what}: expected {expected} values, got {actual}")]
+    Length {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+}

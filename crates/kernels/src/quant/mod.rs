@@ -1,0 +1,1 @@
+//! GGML block-quantized formats.
