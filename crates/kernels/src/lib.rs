@@ -2,14 +2,27 @@
 //!
 //! The CPU kernels are the reference and a first-class backend: each has a plain scalar
 //! version that tests compare against, and SIMD versions picked at run time from the CPU's
-//! features (`cpu::Features`). Work is split across threads with rayon by the caller's pool.
+//! features ([`cpu::Features`]). Work is split across threads with rayon; the caller picks
+//! the pool.
 //!
 //! - [`dtype`]: element types, including GGML block-quantized formats.
-//! - [`quant`]: block layouts, dequantization and dot products for the quantized formats.
+//! - [`quant`]: block layouts, dequantization and reference dot products.
+//! - [`cpu`]: feature detection and SIMD row-dot products.
+//! - [`matmul`]: weight matrix × activation vectors, in the weight's stored type.
+//! - [`norm`], [`rope`], [`activation`], [`attention`], [`sampling`]: the rest of a
+//!   Llama-family decoder step.
 
+pub mod activation;
+pub mod attention;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
+pub mod matmul;
+pub mod mmap;
+pub mod norm;
 pub mod quant;
+pub mod rope;
+pub mod sampling;
 
 pub use dtype::DType;
 pub use error::KernelError;

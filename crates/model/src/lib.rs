@@ -1,5 +1,21 @@
 //! Models: configuration, weight loading (HuggingFace safetensors and GGUF), tokenizer and
 //! chat template, the Llama-family forward pass, and generation.
 //!
+//! - [`config`]: validated hyper-parameters from `config.json` or GGUF metadata.
 //! - [`gguf`]: the GGUF v3 container: metadata and tensor directory, read with size limits.
+//! - [`weights`], [`safetensors_source`], [`gguf_source`]: tensors by role, whatever the file.
+//! - [`kv_cache`]: the paged KV cache of one process.
+//! - [`llama`]: the forward pass.
+
+pub mod config;
+pub mod error;
+pub mod generate;
 pub mod gguf;
+pub mod gguf_source;
+pub mod kv_cache;
+pub mod llama;
+pub mod safetensors_source;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use error::ModelError;

@@ -1,0 +1,186 @@
+//! `tessera generate`: load a model into this process and generate, streaming the text to
+//! stdout (or printing one JSON object with `--json`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{ArgGroup, Args};
+use serde::Serialize;
+use tessera_kernels::sampling::SamplingParams;
+use tessera_model::generate::{GenerationRequest, generate};
+use tessera_model::loader::{LoadedModel, load};
+
+/// Arguments of `tessera generate`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("input").required(true).args(["prompt", "chat", "prompt_tokens"])))]
+pub struct GenerateArgs {
+    /// A HuggingFace model directory or a .gguf file.
+    #[arg(long, env = "TESSERA_MODEL")]
+    pub model: PathBuf,
+    /// Raw prompt text (no chat template).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// A user message, wrapped in the model's chat template.
+    #[arg(long)]
+    pub chat: Option<String>,
+    /// Prompt as comma-separated token ids (works without a tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_tokens: Option<Vec<u32>>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed for sampling; random when absent.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Compute threads (default: all cores).
+    #[arg(long, env = "TESSERA_THREADS")]
+    pub threads: Option<usize>,
+    /// Do not stop at the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The `--json` output.
+#[derive(Debug, Serialize)]
+struct JsonOutput {
+    model: String,
+    prompt_tokens: usize,
+    prompt_token_ids: Vec<u32>,
+    tokens: Vec<u32>,
+    text: Option<String>,
+    finish_reason: &'static str,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    threads: usize,
+}
+
+pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
+    if !(args.temperature >= 0.0) {
+        bail!("--temperature must be 0 or more, got {}", args.temperature);
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!("--top-p must be in (0, 1], got {}", args.top_p);
+    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    });
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the compute threads")?;
+    let model = load(&args.model)?;
+    let prompt = prompt_tokens(args, &model)?;
+    let mut stop_tokens = Vec::new();
+    if !args.ignore_eos {
+        stop_tokens.extend(model.eos_token_ids());
+    }
+    let request = GenerationRequest {
+        prompt: prompt.clone(),
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        stop_tokens,
+    };
+    let fallback_seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut stream = (!args.json).then(|| model.tokenizer.as_ref().map(|t| t.decode_stream(true))).flatten();
+    let mut stdout = std::io::stdout().lock();
+    let generation = pool.install(|| {
+        generate(&model.llama, &request, fallback_seed, |token| {
+            if let Some(stream) = stream.as_mut() {
+                if let Ok(Some(text)) = stream.step(token) {
+                    let _ = stdout.write_all(text.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+        })
+    })?;
+    let text = match &model.tokenizer {
+        Some(t) => Some(t.decode(&generation.tokens, true)?),
+        None => None,
+    };
+    let prefill = generation.prefill_tokens_per_s(prompt.len());
+    let decode = generation.decode_tokens_per_s();
+    if args.json {
+        let out = JsonOutput {
+            model: args.model.display().to_string(),
+            prompt_tokens: prompt.len(),
+            prompt_token_ids: prompt,
+            tokens: generation.tokens,
+            text,
+            finish_reason: generation.finish_reason.as_str(),
+            prefill_tokens_per_s: prefill,
+            decode_tokens_per_s: decode,
+            threads,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    } else {
+        if model.tokenizer.is_none() {
+            let ids: Vec<String> = generation.tokens.iter().map(u32::to_string).collect();
+            write!(stdout, "{}", ids.join(","))?;
+        }
+        writeln!(stdout)?;
+        eprintln!(
+            "[{} prompt tokens, {} generated ({}); prefill {prefill:.1} tok/s, decode {decode:.1} tok/s, {threads} threads]",
+            prompt.len(),
+            generation.tokens.len(),
+            generation.finish_reason.as_str(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The prompt as token ids, from whichever input was given.
+fn prompt_tokens(args: &GenerateArgs, model: &LoadedModel) -> anyhow::Result<Vec<u32>> {
+    if let Some(ids) = &args.prompt_tokens {
+        if ids.is_empty() {
+            bail!("--prompt-tokens needs at least one token id");
+        }
+        return Ok(ids.clone());
+    }
+    let Some(tokenizer) = &model.tokenizer else {
+        bail!(
+            "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --prompt-tokens instead",
+            args.model.display()
+        );
+    };
+    if let Some(text) = &args.prompt {
+        return Ok(tokenizer.encode(text, true)?);
+    }
+    let message = args.chat.as_deref().unwrap_or_default();
+    let Some(template) = &model.chat_template else {
+        bail!("{} has no chat template; use --prompt instead", args.model.display());
+    };
+    let rendered = template.render(
+        &[tessera_model::chat::ChatMessage {
+            role: "user".into(),
+            content: message.into(),
+        }],
+        true,
+    )?;
+    // The template already wrote any BOS it wants; do not add special tokens again.
+    Ok(tokenizer.encode(&rendered, false)?)
+}

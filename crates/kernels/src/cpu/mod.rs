@@ -1,0 +1,56 @@
+//! CPU kernels: run-time feature detection and the SIMD row-dot products that every
+//! matrix kernel is built from.
+//!
+//! [`Features::get`] is read once per process. Each SIMD path has the scalar reference in
+//! [`crate::quant::dot_row`] as its twin; tests compare the two on random data.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod dot;
+
+pub use dot::{RowDot, dot_f32};
+
+use std::sync::OnceLock;
+
+/// The CPU features the kernels can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// AVX2 + FMA + F16C (x86-64-v3).
+    pub avx2: bool,
+}
+
+impl Features {
+    /// The features of this CPU, detected once. `TESSERA_FORCE_SCALAR` is not read here
+    /// (libraries read no environment); binaries call [`Features::force_scalar`] instead.
+    pub fn get() -> Features {
+        *FEATURES.get_or_init(Features::detect)
+    }
+
+    /// Disables every SIMD path for this process (used by tests and by `--scalar` flags).
+    /// Returns false if the features were already read.
+    pub fn force_scalar() -> bool {
+        FEATURES.set(Features { avx2: false }).is_ok()
+    }
+
+    fn detect() -> Features {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Features {
+                avx2: std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Features { avx2: false }
+        }
+    }
+
+    /// A short name for logs and benchmark reports.
+    pub fn describe(self) -> &'static str {
+        if self.avx2 { "avx2+fma+f16c" } else { "scalar" }
+    }
+}
+
+static FEATURES: OnceLock<Features> = OnceLock::new();

@@ -1,0 +1,66 @@
+//! RMSNorm (Zhang & Sennrich, 2019, <https://arxiv.org/abs/1910.07467>), alone and fused
+//! with the residual add that precedes it in every decoder layer.
+
+/// `out = x / sqrt(mean(x²) + eps) · weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+/// `x += residual; out = rms_norm(x)`: one pass over `x` for both.
+pub fn add_rms_norm(x: &mut [f32], residual: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mut sum_sq = 0.0f32;
+    for (v, r) in x.iter_mut().zip(residual) {
+        *v += r;
+        sum_sq += *v * *v;
+    }
+    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x.iter()).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook formula in f64.
+    fn reference(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+        let ms = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+        let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+        x.iter()
+            .zip(w)
+            .map(|(&v, &w)| (f64::from(v) * inv * f64::from(w)) as f32)
+            .collect()
+    }
+
+    #[test]
+    fn rms_norm_matches_reference() {
+        let x: Vec<f32> = (0..576)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..576).map(|i| 0.5 + (i % 13) as f32 / 10.0).collect();
+        let mut out = vec![0.0; 576];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        for (a, b) in out.iter().zip(reference(&x, &w, 1e-5)) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn fused_add_equals_add_then_norm() {
+        let mut x: Vec<f32> = (0..64).map(|i| i as f32 / 10.0 - 3.0).collect();
+        let r: Vec<f32> = (0..64).map(|i| (i % 5) as f32 - 2.0).collect();
+        let w = vec![1.5; 64];
+        let summed: Vec<f32> = x.iter().zip(&r).map(|(a, b)| a + b).collect();
+        let mut fused = vec![0.0; 64];
+        add_rms_norm(&mut x, &r, &w, 1e-6, &mut fused);
+        assert_eq!(x, summed);
+        for (a, b) in fused.iter().zip(reference(&summed, &w, 1e-6)) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0));
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! Model configuration: the Llama-family hyper-parameters, read from a HuggingFace
+//! `config.json` (+ `generation_config.json`) or from GGUF metadata, and validated once.
+//!
+//! Raw file contents deserialize into `HfConfigSpec`; [`ModelConfig`] is the validated form
+//! that the rest of Tessera uses.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use tessera_kernels::rope::{RopePairing, RopeScaling};
+
+use crate::error::ModelError;
+use crate::gguf::GgufFile;
+
+/// The decoder architectures Tessera runs. They share one forward pass and differ in
+/// biases, tying and defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
+/// Rotary position embedding settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f32,
+    pub scaling: RopeScaling,
+    pub pairing: RopePairing,
+}
+
+/// Validated model hyper-parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f32,
+    pub rope: RopeConfig,
+    /// q/k/v projections carry a bias (Qwen2).
+    pub attention_bias: bool,
+    /// The LM head reuses the token embedding.
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads the configuration of the model at `path`: a HuggingFace directory or a `.gguf` file.
+    pub fn from_path(path: &Path) -> Result<ModelConfig, ModelError> {
+        if is_gguf_path(path) {
+            let file = GgufFile::open(path)?;
+            return ModelConfig::from_gguf(&file);
+        }
+        if path.is_dir() {
+            return ModelConfig::from_hf_dir(path);
+        }
+        if !path.exists() {
+            return Err(ModelError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+            ));
+        }
+        Err(ModelError::UnknownFormat { path: path.into() })
+    }
+
+    /// Reads `config.json` and, if present, `generation_config.json` from a HuggingFace directory.
+    pub fn from_hf_dir(dir: &Path) -> Result<ModelConfig, ModelError> {
+        let path = dir.join("config.json");
+        let spec: HfConfigSpec = read_json(&path)?;
+        let mut config = spec.validate(&path)?;
+        let generation = dir.join("generation_config.json");
+        if generation.exists() {
+            let value: Value = read_json(&generation)?;
+            let eos = token_ids(value.get("eos_token_id"), &generation, "eos_token_id")?;
+            if !eos.is_empty() {
+                config.eos_token_ids = eos;
+            }
+            if let Some(bos) =
+                token_ids(value.get("bos_token_id"), &generation, "bos_token_id")?.first()
+            {
+                config.bos_token_id = Some(*bos);
+            }
+        }
+        Ok(config)
+    }
+
+    /// Reads the `<arch>.*` metadata of a GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        let path = file.path();
+        let arch_name = file
+            .get_str("general.architecture")?
+            .ok_or_else(|| missing(path, "general.architecture"))?;
+        let architecture = match arch_name {
+            "llama" => Architecture::Llama,
+            "mistral" => Architecture::Mistral,
+            "qwen2" => Architecture::Qwen2,
+            other => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    path: path.into(),
+                    architecture: other.into(),
+                });
+            }
+        };
+        let key = |name: &str| format!("{arch_name}.{name}");
+        let required = |name: &str| -> Result<usize, ModelError> {
+            let k = key(name);
+            Ok(file.get_u64(&k)?.ok_or_else(|| missing(path, &k))? as usize)
+        };
+        let hidden_size = required("embedding_length")?;
+        let num_attention_heads = required("attention.head_count")?;
+        let num_key_value_heads = file
+            .get_u64(&key("attention.head_count_kv"))?
+            .map_or(num_attention_heads, |v| v as usize);
+        let head_dim = file
+            .get_u64(&key("attention.key_length"))?
+            .map(|v| v as usize)
+            .unwrap_or(hidden_size / num_attention_heads.max(1));
+        let vocab_size = match file.get_u64(&key("vocab_size"))? {
+            Some(v) => v as usize,
+            None => file
+                .tensor("token_embd.weight")
+                .map(|t| t.rows())
+                .ok_or_else(|| missing(path, &key("vocab_size")))?,
+        };
+        let scaling = match file.tensor("rope_freqs.weight") {
+            Some(info) => {
+                let mut factors = vec![0.0; info.cols()];
+                tessera_kernels::quant::dequantize_row(
+                    info.dtype,
+                    file.tensor_data(info),
+                    &mut factors,
+                )?;
+                RopeScaling::Factors(factors)
+            }
+            None => match file.get_str(&key("rope.scaling.type"))? {
+                Some("linear") => RopeScaling::Linear {
+                    factor: file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+                },
+                _ => RopeScaling::None,
+            },
+        };
+        let eos = file.get_u32("tokenizer.ggml.eos_token_id")?;
+        let spec = HfConfigSpec {
+            model_type: Some(arch_name.into()),
+            architectures: None,
+            hidden_size: Some(hidden_size),
+            intermediate_size: Some(required("feed_forward_length")?),
+            num_hidden_layers: Some(required("block_count")?),
+            num_attention_heads: Some(num_attention_heads),
+            num_key_value_heads: Some(num_key_value_heads),
+            head_dim: Some(head_dim),
+            vocab_size: Some(vocab_size),
+            max_position_embeddings: Some(required("context_length")?),
+            rms_norm_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_theta: file.get_f32(&key("rope.freq_base"))?,
+            rope_scaling: None,
+            rope_parameters: None,
+            attention_bias: Some(file.tensor("blk.0.attn_q.bias").is_some()),
+            tie_word_embeddings: Some(file.tensor("output.weight").is_none()),
+            bos_token_id: file
+                .get_u32("tokenizer.ggml.bos_token_id")?
+                .map(Value::from),
+            eos_token_id: eos.map(Value::from),
+        };
+        let mut config = spec.validate(path)?;
+        config.rope.scaling = scaling;
+        if architecture == Architecture::Llama || architecture == Architecture::Mistral {
+            config.rope.pairing = RopePairing::Interleaved;
+        }
+        Ok(config)
+    }
+
+    /// Query heads per KV head (grouped-query attention).
+    pub fn group_size(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}
+
+/// True when `path` names a GGUF file (by extension).
+pub fn is_gguf_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+fn missing(path: &Path, key: &str) -> ModelError {
+    ModelError::MissingKey {
+        path: path.into(),
+        key: key.into(),
+    }
+}
+
+fn invalid(path: &Path, key: &str, message: impl Into<String>) -> ModelError {
+    ModelError::InvalidConfig {
+        path: path.into(),
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Reads and parses a JSON file, naming the file in every error.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+    let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+    serde_json::from_slice(&bytes).map_err(|source| ModelError::Json {
+        path: path.into(),
+        source,
+    })
+}
+
+/// A token id field that may be absent, a number or a list of numbers.
+fn token_ids(value: Option<&Value>, path: &Path, key: &str) -> Result<Vec<u32>, ModelError> {
+    let as_id = |v: &Value| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| invalid(path, key, format!("must be a token id, got {v}")))
+    };
+    match value {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(as_id).collect(),
+        Some(v) => Ok(vec![as_id(v)?]),
+    }
+}
+
+/// `config.json` as written by transformers (4.x and 5.x field names).
+#[derive(Debug, Deserialize)]
+struct HfConfigSpec {
+    model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    max_position_embeddings: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<Value>,
+    /// transformers 5 moves `rope_theta` and `rope_scaling` here.
+    rope_parameters: Option<Value>,
+    attention_bias: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+}
+
+impl HfConfigSpec {
+    fn validate(self, path: &Path) -> Result<ModelConfig, ModelError> {
+        let model_type = self
+            .model_type
+            .clone()
+            .or_else(|| self.architectures.as_ref()?.first().cloned())
+            .ok_or_else(|| missing(path, "model_type"))?;
+        let architecture = match model_type.to_ascii_lowercase().as_str() {
+            "llama" | "llamaforcausallm" => Architecture::Llama,
+            "mistral" | "mistralforcausallm" => Architecture::Mistral,
+            "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
+            _ => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    path: path.into(),
+                    architecture: model_type,
+                });
+            }
+        };
+        let need = |v: Option<usize>, key: &str| -> Result<usize, ModelError> {
+            match v {
+                None => Err(missing(path, key)),
+                Some(0) => Err(invalid(path, key, "must be greater than 0")),
+                Some(n) => Ok(n),
+            }
+        };
+        let hidden_size = need(self.hidden_size, "hidden_size")?;
+        let num_attention_heads = need(self.num_attention_heads, "num_attention_heads")?;
+        let num_key_value_heads = need(
+            self.num_key_value_heads.or(Some(num_attention_heads)),
+            "num_key_value_heads",
+        )?;
+        if num_attention_heads % num_key_value_heads != 0 {
+            return Err(invalid(
+                path,
+                "num_key_value_heads",
+                format!(
+                    "= {num_key_value_heads} must divide num_attention_heads = {num_attention_heads}"
+                ),
+            ));
+        }
+        let head_dim = need(
+            self.head_dim.or(Some(hidden_size / num_attention_heads)),
+            "head_dim",
+        )?;
+        if head_dim % 2 != 0 {
+            return Err(invalid(
+                path,
+                "head_dim",
+                format!("= {head_dim} must be even for RoPE"),
+            ));
+        }
+        let rope = self.rope_config(path, architecture)?;
+        let eos_token_ids = token_ids(self.eos_token_id.as_ref(), path, "eos_token_id")?;
+        let bos_token_id = token_ids(self.bos_token_id.as_ref(), path, "bos_token_id")?
+            .first()
+            .copied();
+        Ok(ModelConfig {
+            architecture,
+            hidden_size,
+            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            num_hidden_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size: need(self.vocab_size, "vocab_size")?,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope,
+            attention_bias: self
+                .attention_bias
+                .unwrap_or(architecture == Architecture::Qwen2),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            bos_token_id,
+            eos_token_ids,
+        })
+    }
+
+    fn rope_config(&self, path: &Path, arch: Architecture) -> Result<RopeConfig, ModelError> {
+        let params = self.rope_parameters.as_ref();
+        let theta = self
+            .rope_theta
+            .or_else(|| params?.get("rope_theta")?.as_f64().map(|v| v as f32))
+            .unwrap_or(if arch == Architecture::Qwen2 {
+                1_000_000.0
+            } else {
+                10_000.0
+            });
+        let scaling_value = self
+            .rope_scaling
+            .as_ref()
+            .or(params)
+            .filter(|v| !v.is_null());
+        let scaling = match scaling_value {
+            None => RopeScaling::None,
+            Some(v) => parse_rope_scaling(v, path)?,
+        };
+        Ok(RopeConfig {
+            theta,
+            scaling,
+            pairing: RopePairing::Halves,
+        })
+    }
+}
+
+fn parse_rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling, ModelError> {
+    let key = "rope_scaling";
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |name: &str| -> Result<f32, ModelError> {
+        v.get(name)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or_else(|| invalid(path, key, format!("of type {kind} needs a number `{name}`")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+        }),
+        other => Err(invalid(
+            path,
+            key,
+            format!("type `{other}` is not supported; supported: default, linear, llama3"),
+        )),
+    }
+}

@@ -1,0 +1,72 @@
+//! Errors of model loading and execution. Every variant names the file and, where there is
+//! one, the tensor or key involved, so a user knows what to fix.
+
+use std::path::PathBuf;
+
+use crate::gguf::GgufError;
+
+/// Loading or running a model failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: neither a .gguf file nor a directory with config.json")]
+    UnknownFormat { path: PathBuf },
+    #[error("{path}: missing key `{key}`")]
+    MissingKey { path: PathBuf, key: String },
+    #[error("{path}: `{key}` {message}")]
+    InvalidConfig {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error(
+        "{path}: architecture `{architecture}` is not supported; supported: llama, mistral, qwen2"
+    )]
+    UnsupportedArchitecture { path: PathBuf, architecture: String },
+    #[error("{path}: tensor `{tensor}` is missing")]
+    MissingTensor { path: PathBuf, tensor: String },
+    #[error("{path}: tensor `{tensor}` has shape {actual:?}, but the config implies {expected:?}")]
+    TensorShape {
+        path: PathBuf,
+        tensor: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("{path}: tensor `{tensor}` has type {dtype}, which is not supported here")]
+    TensorType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    #[error("{path}: {message}")]
+    Safetensors { path: PathBuf, message: String },
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Kernel(#[from] tessera_kernels::KernelError),
+    #[error("{path}: tokenizer: {message}")]
+    Tokenizer { path: PathBuf, message: String },
+    #[error("invalid request: {message}")]
+    InvalidRequest { message: String },
+}
+
+impl ModelError {
+    /// Shorthand for an I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

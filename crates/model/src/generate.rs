@@ -1,0 +1,132 @@
+//! One-sequence generation on one process: prefill the prompt, then decode token by token
+//! with a [`Sampler`], stopping at a stop token or the token limit.
+//!
+//! This drives `tessera generate`; the distributed path runs the same forward pass per
+//! rank under the shard's step loop.
+
+use std::time::{Duration, Instant};
+
+use tessera_kernels::attention::KvLayout;
+use tessera_kernels::sampling::{Sampler, SamplingParams};
+
+use crate::error::ModelError;
+use crate::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqCache};
+use crate::llama::Llama;
+
+/// Prompt tokens per forward pass during prefill: bounds activation memory.
+const PREFILL_CHUNK_TOKENS: usize = 256;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends after emitting one of these (the token is included in the output).
+    pub stop_tokens: Vec<u32>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// Logits at the last prompt position (before any sampling penalty).
+    pub prompt_logits: Vec<f32>,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    /// Prompt tokens per second of prefill.
+    pub fn prefill_tokens_per_s(&self, prompt_tokens: usize) -> f64 {
+        prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second after the first (the first comes from prefill).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generates for `request`; `on_token` sees each token as it is chosen.
+pub fn generate(
+    model: &Llama,
+    request: &GenerationRequest,
+    fallback_seed: u64,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation, ModelError> {
+    let c = model.config();
+    if request.prompt.is_empty() {
+        return Err(ModelError::InvalidRequest { message: "the prompt has no tokens".into() });
+    }
+    let total = request.prompt.len() + request.max_tokens;
+    if total > c.max_position_embeddings {
+        return Err(ModelError::InvalidRequest {
+            message: format!(
+                "prompt ({} tokens) + max_tokens ({}) exceeds the model's context of {} tokens",
+                request.prompt.len(),
+                request.max_tokens,
+                c.max_position_embeddings
+            ),
+        });
+    }
+    let layout = KvLayout {
+        block_size: DEFAULT_BLOCK_SIZE,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+    };
+    let mut cache = KvCache::new(layout, c.num_hidden_layers, total.div_ceil(DEFAULT_BLOCK_SIZE));
+    let mut seq = SeqCache::default();
+    let mut sampler = Sampler::new(request.sampling.clone(), fallback_seed);
+
+    let started = Instant::now();
+    let mut logits = Vec::new();
+    for chunk in request.prompt.chunks(PREFILL_CHUNK_TOKENS) {
+        logits = model.forward(chunk, &mut seq, &mut cache)?;
+    }
+    let prompt_logits = logits.clone();
+    let mut tokens = Vec::with_capacity(request.max_tokens);
+    let mut finish_reason = FinishReason::Length;
+    let mut prefill_time = Duration::ZERO;
+    while tokens.len() < request.max_tokens {
+        let token = sampler.sample(&mut logits, &request.prompt, &tokens);
+        if tokens.is_empty() {
+            prefill_time = started.elapsed();
+        }
+        tokens.push(token);
+        on_token(token);
+        if request.stop_tokens.contains(&token) {
+            finish_reason = FinishReason::Stop;
+            break;
+        }
+        if tokens.len() < request.max_tokens {
+            logits = model.forward(&[token], &mut seq, &mut cache)?;
+        }
+    }
+    let elapsed = started.elapsed();
+    Ok(Generation {
+        tokens,
+        finish_reason,
+        prompt_logits,
+        prefill_time,
+        decode_time: elapsed.saturating_sub(prefill_time),
+    })
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test suite: formatting, lints, and every test of the workspace (unit, golden against
+# HuggingFace transformers fixtures, tokenizer, end-to-end CLI on the demo model).
+# Usage: scripts/test.sh   (fetches the demo model first if it is missing)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/get-demo-model.sh
+export TESSERA_REQUIRE_DEMO_MODEL=1
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
