@@ -69,15 +69,15 @@ struct JsonOutput {
 }
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
-    if !(args.temperature >= 0.0) {
+    if args.temperature.is_nan() || args.temperature < 0.0 {
         bail!("--temperature must be 0 or more, got {}", args.temperature);
     }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+    if !(0.0..=1.0).contains(&args.top_p) || args.top_p == 0.0 {
         bail!("--top-p must be in (0, 1], got {}", args.top_p);
     }
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    });
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -106,18 +106,22 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let fallback_seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut stream = (!args.json).then(|| model.tokenizer.as_ref().map(|t| t.decode_stream(true))).flatten();
-    let mut stdout = std::io::stdout().lock();
+    let mut stream = (!args.json)
+        .then(|| model.tokenizer.as_ref().map(|t| t.decode_stream(true)))
+        .flatten();
     let generation = pool.install(|| {
         generate(&model.llama, &request, fallback_seed, |token| {
             if let Some(stream) = stream.as_mut() {
-                if let Ok(Some(text)) = stream.step(token) {
+                let tokenizer = model.tokenizer.as_ref();
+                if let Some(Ok(Some(text))) = tokenizer.map(|t| stream.step(t, token)) {
+                    let mut stdout = std::io::stdout().lock();
                     let _ = stdout.write_all(text.as_bytes());
                     let _ = stdout.flush();
                 }
             }
         })
     })?;
+    let mut stdout = std::io::stdout().lock();
     let text = match &model.tokenizer {
         Some(t) => Some(t.decode(&generation.tokens, true)?),
         None => None,
@@ -172,7 +176,10 @@ fn prompt_tokens(args: &GenerateArgs, model: &LoadedModel) -> anyhow::Result<Vec
     }
     let message = args.chat.as_deref().unwrap_or_default();
     let Some(template) = &model.chat_template else {
-        bail!("{} has no chat template; use --prompt instead", args.model.display());
+        bail!(
+            "{} has no chat template; use --prompt instead",
+            args.model.display()
+        );
     };
     let rendered = template.render(
         &[tessera_model::chat::ChatMessage {

@@ -65,7 +65,7 @@ impl DType {
 
     /// Bytes of a row of `cols` values, or an error when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
-        if cols % self.block_elems() != 0 {
+        if !cols.is_multiple_of(self.block_elems()) {
             return Err(KernelError::PartialBlock {
                 dtype: self,
                 cols,

@@ -120,7 +120,7 @@ pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelEr
 }
 
 fn check_lengths(w: &MatRef<'_>, xs: &[f32], ys: &[f32]) -> Result<usize, KernelError> {
-    if w.cols == 0 || xs.len() % w.cols != 0 {
+    if w.cols == 0 || !xs.len().is_multiple_of(w.cols) {
         return Err(KernelError::Length {
             what: "matmul input (a multiple of the weight's columns)",
             expected: w.cols,

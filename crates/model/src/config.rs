@@ -4,7 +4,7 @@
 //! Raw file contents deserialize into `HfConfigSpec`; [`ModelConfig`] is the validated form
 //! that the rest of Tessera uses.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;

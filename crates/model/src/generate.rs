@@ -75,7 +75,9 @@ pub fn generate(
 ) -> Result<Generation, ModelError> {
     let c = model.config();
     if request.prompt.is_empty() {
-        return Err(ModelError::InvalidRequest { message: "the prompt has no tokens".into() });
+        return Err(ModelError::InvalidRequest {
+            message: "the prompt has no tokens".into(),
+        });
     }
     let total = request.prompt.len() + request.max_tokens;
     if total > c.max_position_embeddings {
@@ -93,7 +95,11 @@ pub fn generate(
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
     };
-    let mut cache = KvCache::new(layout, c.num_hidden_layers, total.div_ceil(DEFAULT_BLOCK_SIZE));
+    let mut cache = KvCache::new(
+        layout,
+        c.num_hidden_layers,
+        total.div_ceil(DEFAULT_BLOCK_SIZE),
+    );
     let mut seq = SeqCache::default();
     let mut sampler = Sampler::new(request.sampling.clone(), fallback_seed);
 

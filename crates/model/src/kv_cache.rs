@@ -43,7 +43,7 @@ impl KvCache {
 
     /// Blocks for `positions` positions of `layout` in `layers` layers within `bytes`.
     pub fn blocks_for_bytes(layout: KvLayout, layers: usize, bytes: usize) -> usize {
-        bytes / (2 * layers * layout.block_len() * std::mem::size_of::<f32>()).max(1)
+        bytes / (2 * layers * layout.block_len() * size_of::<f32>()).max(1)
     }
 
     pub fn layout(&self) -> KvLayout {
@@ -75,7 +75,7 @@ impl KvCache {
 
     /// Returns `seq`'s blocks to the free list.
     pub fn release(&mut self, seq: &mut SeqCache) {
-        self.free.extend(seq.block_table.drain(..));
+        self.free.append(&mut seq.block_table);
         seq.len = 0;
     }
 

@@ -4,9 +4,12 @@
 //! - [`config`]: validated hyper-parameters from `config.json` or GGUF metadata.
 //! - [`gguf`]: the GGUF v3 container: metadata and tensor directory, read with size limits.
 //! - [`weights`], [`safetensors_source`], [`gguf_source`]: tensors by role, whatever the file.
+//! - [`tokenizer`], [`chat`]: text ↔ token ids, and chat templates.
 //! - [`kv_cache`]: the paged KV cache of one process.
-//! - [`llama`]: the forward pass.
+//! - [`llama`]: the forward pass; [`generate`]: one-sequence generation.
+//! - [`loader`]: a model path → weights + tokenizer + chat template.
 
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
@@ -14,7 +17,9 @@ pub mod gguf;
 pub mod gguf_source;
 pub mod kv_cache;
 pub mod llama;
+pub mod loader;
 pub mod safetensors_source;
+pub mod tokenizer;
 pub mod weights;
 
 pub use config::ModelConfig;

@@ -9,7 +9,7 @@ use tessera_kernels::activation::silu_mul;
 use tessera_kernels::attention::paged_attention;
 use tessera_kernels::matmul::matmul;
 use tessera_kernels::norm::{add_rms_norm, rms_norm};
-use tessera_kernels::rope::Rope;
+use tessera_kernels::rope::{Rope, RopeTables};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -64,6 +64,68 @@ struct Layer {
     gate: Linear,
     up: Linear,
     down: Linear,
+}
+
+/// What every layer of one forward pass shares.
+struct Pass<'a> {
+    config: &'a ModelConfig,
+    rope: &'a Rope,
+    tables: RopeTables,
+    positions: Vec<usize>,
+    /// Positions each token attends to (causal: its own position + 1).
+    visible: Vec<usize>,
+}
+
+impl Layer {
+    /// One decoder block over the pass's tokens: `x += attn(norm(x)); x += mlp(norm(x))`.
+    fn run(
+        &self,
+        l: usize,
+        pass: &Pass<'_>,
+        s: &mut Scratch,
+        seq: &SeqCache,
+        cache: &mut KvCache,
+    ) -> Result<(), ModelError> {
+        let c = pass.config;
+        let hidden = c.hidden_size;
+        for (x, h) in s.x.chunks_exact(hidden).zip(s.h.chunks_exact_mut(hidden)) {
+            rms_norm(x, &self.attn_norm, c.rms_norm_eps, h);
+        }
+        self.q.apply(&s.h, &mut s.q)?;
+        self.k.apply(&s.h, &mut s.k)?;
+        self.v.apply(&s.h, &mut s.v)?;
+        let q_len = c.num_attention_heads * c.head_dim;
+        let kv_len = c.num_key_value_heads * c.head_dim;
+        let rows =
+            s.q.chunks_exact_mut(q_len)
+                .zip(s.k.chunks_exact_mut(kv_len));
+        for (t, ((q, k), v)) in rows.zip(s.v.chunks_exact(kv_len)).enumerate() {
+            pass.rope.apply(&pass.tables, t, q);
+            pass.rope.apply(&pass.tables, t, k);
+            cache.write(l, seq, pass.positions[t], k, v);
+        }
+        s.attn.resize(s.q.len(), 0.0);
+        let kv = cache.layer(l);
+        paged_attention(
+            &s.q,
+            &kv,
+            &seq.block_table,
+            &pass.visible,
+            c.num_attention_heads,
+            &mut s.attn,
+        );
+        self.o.apply(&s.attn, &mut s.o)?;
+        let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
+        for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
+            add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
+        }
+        self.gate.apply(&s.h, &mut s.gate)?;
+        self.up.apply(&s.h, &mut s.up)?;
+        silu_mul(&mut s.gate, &s.up);
+        self.down.apply(&s.gate, &mut s.down)?;
+        s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+        Ok(())
+    }
 }
 
 /// A loaded Llama-family model.
@@ -183,7 +245,7 @@ impl Llama {
         cache: &mut KvCache,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
-        let (n, hidden, hd) = (tokens.len(), c.hidden_size, c.head_dim);
+        let n = tokens.len();
         if n == 0 {
             return Err(ModelError::InvalidRequest {
                 message: "no tokens to run".into(),
@@ -202,6 +264,7 @@ impl Llama {
         let positions: Vec<usize> = (start..start + n).collect();
         let visible: Vec<usize> = positions.iter().map(|p| p + 1).collect();
         let tables = self.rope.tables(&positions);
+        let hidden = c.hidden_size;
         let mut s = Scratch {
             x: vec![0.0; n * hidden],
             h: vec![0.0; n * hidden],
@@ -211,52 +274,15 @@ impl Llama {
         for (t, x) in tokens.iter().zip(s.x.chunks_exact_mut(hidden)) {
             embed.dequantize_row(*t as usize, x)?;
         }
+        let pass = Pass {
+            config: c,
+            rope: &self.rope,
+            tables,
+            positions,
+            visible,
+        };
         for (l, layer) in self.layers.iter().enumerate() {
-            for (x, h) in s.x.chunks_exact(hidden).zip(s.h.chunks_exact_mut(hidden)) {
-                rms_norm(x, &layer.attn_norm, c.rms_norm_eps, h);
-            }
-            layer.q.apply(&s.h, &mut s.q)?;
-            layer.k.apply(&s.h, &mut s.k)?;
-            layer.v.apply(&s.h, &mut s.v)?;
-            let kv_len = c.num_key_value_heads * hd;
-            for t in 0..n {
-                self.rope.apply(
-                    &tables,
-                    t,
-                    &mut s.q[t * c.num_attention_heads * hd..][..c.num_attention_heads * hd],
-                );
-                self.rope
-                    .apply(&tables, t, &mut s.k[t * kv_len..][..kv_len]);
-                cache.write(
-                    l,
-                    seq,
-                    positions[t],
-                    &s.k[t * kv_len..][..kv_len],
-                    &s.v[t * kv_len..][..kv_len],
-                );
-            }
-            s.attn.resize(s.q.len(), 0.0);
-            paged_attention(
-                &s.q,
-                &cache.layer(l),
-                &seq.block_table,
-                &visible,
-                c.num_attention_heads,
-                &mut s.attn,
-            );
-            layer.o.apply(&s.attn, &mut s.o)?;
-            for ((x, o), h) in
-                s.x.chunks_exact_mut(hidden)
-                    .zip(s.o.chunks_exact(hidden))
-                    .zip(s.h.chunks_exact_mut(hidden))
-            {
-                add_rms_norm(x, o, &layer.ffn_norm, c.rms_norm_eps, h);
-            }
-            layer.gate.apply(&s.h, &mut s.gate)?;
-            layer.up.apply(&s.h, &mut s.up)?;
-            silu_mul(&mut s.gate, &s.up);
-            layer.down.apply(&s.gate, &mut s.down)?;
-            s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+            layer.run(l, &pass, &mut s, seq, cache)?;
         }
         seq.len = start + n;
         let last = &s.x[(n - 1) * hidden..];

@@ -17,9 +17,12 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[inline(always)]
+/// The little-endian f16 at `bytes[at..at + 2]`, converted with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// Loads 8 floats from `x[at..at + 8]`.
@@ -83,8 +86,8 @@ pub unsafe fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
         i += 16;
     }
     let mut total = hsum(_mm256_add_ps(acc0, acc1));
-    for j in i..x.len() {
-        total += f16_at(w, 2 * j) * x[j];
+    for (j, xj) in x.iter().enumerate().skip(i) {
+        total += f16_at(w, 2 * j) * xj;
     }
     total
 }
@@ -122,7 +125,7 @@ pub unsafe fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
 ///
 /// # Safety
 /// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 34`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
     let mut total = _mm256_setzero_ps();
     for (b, block) in w.chunks_exact(34).enumerate() {
@@ -166,7 +169,7 @@ unsafe fn nibble_dot(qs: __m128i, offset: __m128i, x: &[f32], xb: usize) -> __m2
 ///
 /// # Safety
 /// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 18`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
     let eight = _mm_set1_epi8(8);
     let mut total = _mm256_setzero_ps();
@@ -186,7 +189,7 @@ pub unsafe fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
 ///
 /// # Safety
 /// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 20`, `block_sums.len() == x.len() / 32`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1(w: &[u8], x: &[f32], block_sums: &[f32]) -> f32 {
     let zero = _mm_setzero_si128();
     let mut total = _mm256_setzero_ps();

@@ -1,1 +1,0 @@
-//! GGUF v3 reader (to be written).
