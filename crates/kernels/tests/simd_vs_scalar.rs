@@ -73,8 +73,16 @@ fn row_dot_matches_scalar_for_every_dtype() {
 #[test]
 fn row_dot_rejects_wrong_lengths() {
     let x = vec![0.0; 64];
-    assert!(RowDot::new(&x, DType::Q4_0).dot(DType::Q4_0, &[0u8; 35]).is_err());
-    assert!(RowDot::new(&x[..40], DType::Q8_0).dot(DType::Q8_0, &[0u8; 34]).is_err());
+    assert!(
+        RowDot::new(&x, DType::Q4_0)
+            .dot(DType::Q4_0, &[0u8; 35])
+            .is_err()
+    );
+    assert!(
+        RowDot::new(&x[..40], DType::Q8_0)
+            .dot(DType::Q8_0, &[0u8; 34])
+            .is_err()
+    );
 }
 
 #[test]
@@ -90,7 +98,10 @@ fn threaded_matmul_matches_reference_for_one_and_many_tokens() {
             matmul(&w, &xs, &mut got).unwrap();
             matmul_reference(&w, &xs, &mut want).unwrap();
             for (a, b) in got.iter().zip(&want) {
-                assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{dtype} n {n}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{dtype} n {n}: {a} vs {b}"
+                );
             }
         }
     }

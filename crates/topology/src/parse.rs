@@ -235,21 +235,14 @@ impl Parser<'_> {
                     Err(error) => error,
                 };
             let DeValue::Table(table) = value.get_mut() else {
-                unreachable_entry(self, label, entry_span, &error);
+                unreadable_entry(self, label, entry_span, &error);
                 return None;
             };
-            let Some((key, on_key)) = error.span().and_then(|s| key_at(table, &s)) else {
+            let Some((key, on_key, key_span)) = error.span().and_then(|s| key_at(table, &s)) else {
                 self.record_failed_name(kind, table);
-                unreachable_entry(self, label, entry_span, &error);
+                unreadable_entry(self, label, entry_span, &error);
                 return None;
             };
-            let key_span =
-                table
-                    .get_key_value(key.as_str())
-                    .map_or(
-                        entry_span.clone(),
-                        |(k, v)| if on_key { k.span() } else { v.span() },
-                    );
             if on_key {
                 self.unknown_key(key_span, label, label, &key, allowed);
             } else {
@@ -297,7 +290,7 @@ impl Parser<'_> {
 }
 
 /// An entry failed in a way no single key explains.
-fn unreachable_entry(
+fn unreadable_entry(
     parser: &mut Parser<'_>,
     label: &str,
     span: Range<usize>,
@@ -324,14 +317,16 @@ fn plain(message: &str) -> String {
         .replace("expected i64", "expected an integer")
 }
 
-/// The key of `table` whose name (`true`) or value (`false`) contains `span`.
-fn key_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<(String, bool)> {
-    let within = |outer: Range<usize>| outer.start <= span.start && span.end <= outer.end;
+/// The key of `table` whose name (`true`) or value (`false`) contains `span`, with the span
+/// of that name or value.
+fn key_at(table: &DeTable<'_>, span: &Range<usize>) -> Option<(String, bool, Range<usize>)> {
+    let within = |outer: &Range<usize>| outer.start <= span.start && span.end <= outer.end;
     table.iter().find_map(|(k, v)| {
-        if within(k.span()) {
-            Some((k.get_ref().to_string(), true))
-        } else if within(v.span()) {
-            Some((k.get_ref().to_string(), false))
+        let key = k.get_ref().to_string();
+        if within(&k.span()) {
+            Some((key, true, k.span()))
+        } else if within(&v.span()) {
+            Some((key, false, v.span()))
         } else {
             None
         }

@@ -44,8 +44,8 @@ pub(crate) fn validate(
     let coordinators = v.coordinators(&spec.coordinator, &hosts);
     let models = v.models(&spec.model);
     let groups = v.groups(&spec.group, &hosts, &models);
-    // v.listener_collisions();
-    // v.shared_gpus();
+    v.listener_collisions();
+    v.shared_gpus();
     v.unused(spec, &hosts, &models);
 
     let mut issues = v.issues;

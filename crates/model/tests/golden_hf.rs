@@ -1,0 +1,110 @@
+//! Golden tests against HuggingFace transformers.
+//!
+//! `fixtures/models/<model>/expected.json` (written by `scripts/fixtures/make_model_fixtures.py`)
+//! holds, for every stored variant of a tiny random-weight model (f32 / bf16 / sharded
+//! safetensors, GGUF in each type), transformers' float32 logits at the last prompt position
+//! and 24 greedy tokens, computed on exactly the weights that variant stores. Tessera must
+//! produce the same greedy tokens and logits within [`tolerance`].
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tessera_kernels::sampling::SamplingParams;
+use tessera_model::generate::{GenerationRequest, generate};
+use tessera_model::loader::load_weights;
+
+#[derive(Deserialize)]
+struct Expected {
+    prompts: Vec<Vec<u32>>,
+    variants: std::collections::BTreeMap<String, Variant>,
+}
+
+#[derive(Deserialize)]
+struct Variant {
+    file: String,
+    results: Vec<PromptResult>,
+}
+
+#[derive(Deserialize)]
+struct PromptResult {
+    last_logits: Vec<f32>,
+    greedy: Vec<u32>,
+    min_top2_margin: f32,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models")
+}
+
+/// Largest allowed |logit − transformers| per variant. Every reference is float32 math on
+/// the variant's own weights, so only summation order differs: f32-stored weights reach
+/// 1e-4; 16-bit and quantized weights are dequantized block-wise and scaled once per block
+/// (`d · Σ q·x` rather than `Σ (d·q)·x`), which moves the rounding by up to ~4e-4 on these
+/// logits of magnitude ~50.
+fn tolerance(variant: &str) -> f32 {
+    if variant == "f32" || variant == "f32-sharded" || variant == "gguf-F32" {
+        1e-4
+    } else {
+        5e-4
+    }
+}
+
+#[test]
+fn every_variant_matches_transformers() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut models: Vec<_> = std::fs::read_dir(fixtures())
+        .expect("fixtures/models exists")
+        .map(|e| e.expect("readable fixtures dir").path())
+        .collect();
+    models.sort();
+    for model_dir in models {
+        let model = model_dir.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(model_dir.join("expected.json")).unwrap();
+        let expected: Expected = serde_json::from_str(&text).unwrap();
+        for (name, variant) in &expected.variants {
+            let llama = load_weights(&model_dir.join(&variant.file))
+                .unwrap_or_else(|e| panic!("{model}/{name}: {e}"));
+            let mut worst = 0.0f32;
+            for (prompt, want) in expected.prompts.iter().zip(&variant.results) {
+                let request = GenerationRequest {
+                    prompt: prompt.clone(),
+                    max_tokens: want.greedy.len(),
+                    sampling: SamplingParams::default(),
+                    stop_tokens: Vec::new(),
+                };
+                let got = generate(&llama, &request, 0, |_| {}).unwrap();
+                for (a, b) in got.prompt_logits.iter().zip(&want.last_logits) {
+                    worst = worst.max((a - b).abs());
+                }
+                if got.tokens != want.greedy {
+                    failures.push(format!(
+                        "{model}/{name}: prompt of {} tokens: greedy {:?}, transformers {:?} (min margin {})",
+                        prompt.len(),
+                        got.tokens,
+                        want.greedy,
+                        want.min_top2_margin
+                    ));
+                }
+                checked += 1;
+            }
+            println!("{model:16} {name:12} max |Δlogit| = {worst:.2e}");
+            if worst > tolerance(name) {
+                failures.push(format!(
+                    "{model}/{name}: logits differ by {worst:.2e} > {:.0e}",
+                    tolerance(name)
+                ));
+            }
+        }
+    }
+    assert!(
+        checked >= 100,
+        "only {checked} prompt runs found: fixtures missing?"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
