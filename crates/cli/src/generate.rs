@@ -28,9 +28,9 @@ pub struct GenerateArgs {
     /// Prompt as comma-separated token ids (works without a tokenizer).
     #[arg(long, value_delimiter = ',')]
     pub prompt_tokens: Option<Vec<u32>>,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: usize,
+    /// Tokens to generate at most [default: 256, or what the context leaves].
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -53,6 +53,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// Tokens generated when `--max-tokens` is not given (less if the context is shorter).
+const DEFAULT_MAX_TOKENS: usize = 256;
 
 /// The `--json` output.
 #[derive(Debug, Serialize)]
@@ -93,7 +96,10 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     let request = GenerationRequest {
         prompt: prompt.clone(),
-        max_tokens: args.max_tokens,
+        max_tokens: args.max_tokens.unwrap_or_else(|| {
+            let context = model.llama.config().max_position_embeddings;
+            DEFAULT_MAX_TOKENS.min(context.saturating_sub(prompt.len()))
+        }),
         sampling: SamplingParams {
             temperature: args.temperature,
             top_k: args.top_k,

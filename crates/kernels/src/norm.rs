@@ -3,8 +3,10 @@
 
 /// `out = x / sqrt(mean(x²) + eps) · weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (mean_sq + eps).sqrt();
+    // Accumulated in f64: O(hidden) work per token, and it keeps the norm's error below the
+    // matmuls' so results track the reference to the last bits that matter.
+    let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+    let inv = (1.0 / (mean_sq + f64::from(eps)).sqrt()) as f32;
     for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * inv * w;
     }
@@ -12,12 +14,12 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// `x += residual; out = rms_norm(x)`: one pass over `x` for both.
 pub fn add_rms_norm(x: &mut [f32], residual: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mut sum_sq = 0.0f32;
+    let mut sum_sq = 0.0f64;
     for (v, r) in x.iter_mut().zip(residual) {
         *v += r;
-        sum_sq += *v * *v;
+        sum_sq += f64::from(*v) * f64::from(*v);
     }
-    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    let inv = (1.0 / (sum_sq / x.len() as f64 + f64::from(eps)).sqrt()) as f32;
     for ((o, v), w) in out.iter_mut().zip(x.iter()).zip(weight) {
         *o = v * inv * w;
     }

@@ -21,7 +21,8 @@ struct Expected {
 
 #[derive(Deserialize)]
 struct Variant {
-    file: String,
+    /// `None` for a reference whose weights are not stored (llama-kquant's f32).
+    file: Option<String>,
     results: Vec<PromptResult>,
 }
 
@@ -37,13 +38,14 @@ fn fixtures() -> PathBuf {
 }
 
 /// Largest allowed |logit − transformers| per variant. Every reference is float32 math on
-/// the variant's own weights, so only summation order differs: f32-stored weights reach
-/// 1e-4; 16-bit and quantized weights are dequantized block-wise and scaled once per block
-/// (`d · Σ q·x` rather than `Σ (d·q)·x`), which moves the rounding by up to ~4e-4 on these
-/// logits of magnitude ~50.
+/// the variant's own weights, so only summation order differs. These fixtures' logits reach
+/// |74| (scaled up for wide top-2 margins), where one float32 step is 7.6e-6; after two
+/// layers of reductions the observed gap for f32 weights is 5.6e-5..1.02e-4, so 1.5e-4 (≈ 2e-6
+/// of the largest logit). 16-bit and quantized weights are scaled once per block
+/// (`d · Σ q·x` rather than `Σ (d·q)·x`), which moves the rounding further: observed ≤ 3e-4.
 fn tolerance(variant: &str) -> f32 {
     if variant == "f32" || variant == "f32-sharded" || variant == "gguf-F32" {
-        1e-4
+        1.5e-4
     } else {
         5e-4
     }
@@ -63,7 +65,8 @@ fn every_variant_matches_transformers() {
         let text = std::fs::read_to_string(model_dir.join("expected.json")).unwrap();
         let expected: Expected = serde_json::from_str(&text).unwrap();
         for (name, variant) in &expected.variants {
-            let llama = load_weights(&model_dir.join(&variant.file))
+            let Some(file) = &variant.file else { continue };
+            let llama = load_weights(&model_dir.join(file))
                 .unwrap_or_else(|e| panic!("{model}/{name}: {e}"));
             let mut worst = 0.0f32;
             for (prompt, want) in expected.prompts.iter().zip(&variant.results) {

@@ -1,0 +1,178 @@
+//! Bad input to `tessera generate`: every case must exit non-zero with one clear error that
+//! names the file and the tensor or key at fault — never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(rel)
+}
+
+/// Runs `tessera generate --model MODEL --prompt-tokens 1,2,3` and returns stderr, checking
+/// that it failed cleanly.
+fn generate_fails(model: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "generate",
+            "--prompt-tokens",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(model)
+        .output()
+        .expect("tessera runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected exit 1, stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert!(stderr.starts_with("error: "), "stderr: {stderr}");
+    stderr
+}
+
+/// A copy of the f32 llama-gqa fixture directory to break.
+fn copy_model_dir(tmp: &Path) -> PathBuf {
+    let dir = tmp.join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for name in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(fixture("llama-gqa/f32").join(name), dir.join(name)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn missing_model_names_the_path() {
+    let stderr = generate_fails(Path::new("/nonexistent/model.gguf"));
+    assert!(stderr.contains("/nonexistent/model.gguf"), "{stderr}");
+}
+
+#[test]
+fn truncated_safetensors_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_model_dir(tmp.path());
+    let file = dir.join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let stderr = generate_fails(&dir);
+    assert!(
+        stderr.contains("model.safetensors") && stderr.contains("not a valid safetensors"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn truncated_gguf_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("cut.gguf");
+    let bytes = std::fs::read(fixture("llama-gqa/model.Q4_0.gguf")).unwrap();
+    for cut in [10, bytes.len() / 3, bytes.len() - 1] {
+        std::fs::write(&file, &bytes[..cut]).unwrap();
+        let stderr = generate_fails(&file);
+        assert!(stderr.contains("cut.gguf"), "cut at {cut}: {stderr}");
+    }
+}
+
+#[test]
+fn shape_that_disagrees_with_the_config_names_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_model_dir(tmp.path());
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("\"intermediate_size\": 128", "\"intermediate_size\": 100");
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let stderr = generate_fails(&dir);
+    assert!(
+        stderr.contains("model.layers.0.mlp.gate_proj.weight"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("[100, 64]") && stderr.contains("[128, 64]"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_config_key_names_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_model_dir(tmp.path());
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("\"num_hidden_layers\": 2,", "");
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let stderr = generate_fails(&dir);
+    assert!(
+        stderr.contains("config.json") && stderr.contains("num_hidden_layers"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_quant_type_names_the_tensor_and_type() {
+    // A GGUF v3 file by hand: no metadata, one tensor of GGML type 13 (Q5_K), 256 values.
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&0u64.to_le_bytes()); // metadata entries
+    let name = b"blk.0.ffn_up.weight";
+    b.extend_from_slice(&(name.len() as u64).to_le_bytes());
+    b.extend_from_slice(name);
+    b.extend_from_slice(&2u32.to_le_bytes());
+    b.extend_from_slice(&256u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&13u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.resize(b.len().next_multiple_of(32) + 176, 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("q5k.gguf");
+    std::fs::write(&file, b).unwrap();
+    let stderr = generate_fails(&file);
+    assert!(
+        stderr.contains("q5k.gguf") && stderr.contains("blk.0.ffn_up.weight"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Q5_K"), "{stderr}");
+}
+
+#[test]
+fn token_outside_the_vocabulary_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "generate",
+            "--prompt-tokens",
+            "1,99999",
+            "--max-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(fixture("llama-gqa/f32"))
+        .output()
+        .expect("tessera runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("token id 99999") && stderr.contains("256"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn text_prompt_without_tokenizer_says_what_to_do() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["generate", "--prompt", "hello", "--model"])
+        .arg(fixture("llama-gqa/f32"))
+        .output()
+        .expect("tessera runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("--prompt-tokens"), "{stderr}");
+}
