@@ -91,7 +91,7 @@ fn every_variant_matches_transformers() {
                 }
                 checked += 1;
             }
-            println!("{model:16} {name:12} max |Δlogit| = {worst:.2e}");
+            eprintln!("{model:16} {name:12} max |Δlogit| = {worst:.2e}");
             if worst > tolerance(name) {
                 failures.push(format!(
                     "{model}/{name}: logits differ by {worst:.2e} > {:.0e}",
