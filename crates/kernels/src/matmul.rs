@@ -80,40 +80,69 @@ const MIN_ROWS_PER_TASK: usize = 16;
 /// `ys` holds `n × rows` values.
 pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelError> {
     let n = check_lengths(w, xs, ys)?;
-    let preps: Vec<RowDot<'_>> = xs
-        .chunks_exact(w.cols)
-        .map(|x| RowDot::new(x, w.dtype))
-        .collect();
     let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
     if n == 1 {
+        let prep = RowDot::new(xs, w.dtype);
         return ys
             .par_chunks_mut(per_task)
             .enumerate()
             .try_for_each(|(chunk, out)| {
                 for (i, y) in out.iter_mut().enumerate() {
-                    *y = preps[0].dot(w.dtype, w.row(chunk * per_task + i))?;
+                    *y = prep.dot(w.dtype, w.row(chunk * per_task + i))?;
                 }
                 Ok(())
             });
     }
-    // Row-major over (row, token) so each weight row is read from memory once and reused
-    // from L1 for every token; transposed into `ys` afterwards.
-    let mut by_row = vec![0.0f32; w.rows * n];
-    by_row
-        .par_chunks_mut(per_task * n)
-        .enumerate()
-        .try_for_each(|(chunk, out)| {
-            for (i, row_out) in out.chunks_exact_mut(n).enumerate() {
-                let row = w.row(chunk * per_task + i);
-                for (y, prep) in row_out.iter_mut().zip(&preps) {
-                    *y = prep.dot(w.dtype, row)?;
-                }
-            }
-            Ok::<(), KernelError>(())
-        })?;
-    for (r, row_out) in by_row.chunks_exact(n).enumerate() {
-        for (t, y) in row_out.iter().enumerate() {
-            ys[t * w.rows + r] = *y;
+    matmul_gemm(w, xs, ys, n)
+}
+
+/// Weight values dequantized at once for a batched product: bounds the f32 copy of a large
+/// matrix to 16 MiB while keeping each GEMM call large enough to run at full speed.
+const GEMM_TILE_VALUES: usize = 4 << 20;
+
+/// `n > 1` tokens: dequantize a tile of rows to f32 and multiply with the `gemm` crate's
+/// cache-blocked kernels; the dequantization is shared by the whole batch.
+fn matmul_gemm(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32], n: usize) -> Result<(), KernelError> {
+    let tile_rows = (GEMM_TILE_VALUES / w.cols).clamp(1, w.rows);
+    let mut tile = vec![0.0f32; tile_rows * w.cols];
+    let threads = rayon::current_num_threads();
+    for r0 in (0..w.rows).step_by(tile_rows) {
+        let rows = tile_rows.min(w.rows - r0);
+        let tile = &mut tile[..rows * w.cols];
+        tile.par_chunks_mut(w.cols)
+            .enumerate()
+            .try_for_each(|(i, row)| quant::dequantize_row(w.dtype, w.row(r0 + i), row))?;
+        let parallelism = if threads > 1 {
+            gemm::Parallelism::Rayon(threads)
+        } else {
+            gemm::Parallelism::None
+        };
+        // SAFETY: dst is `ys` offset by r0 columns: element (t, r) at t·w.rows + r0 + r with
+        // t < n, r < rows, inside `ys` (n × w.rows, checked by `check_lengths`). lhs is `xs`
+        // (n × cols, row-major); rhs is the tile transposed: (k, r) at r·cols + k, inside the
+        // tile (rows × cols). No two of them overlap; `read_dst` is false.
+        unsafe {
+            gemm::gemm(
+                n,
+                rows,
+                w.cols,
+                ys.as_mut_ptr().add(r0),
+                1,
+                w.rows as isize,
+                false,
+                xs.as_ptr(),
+                1,
+                w.cols as isize,
+                tile.as_ptr(),
+                w.cols as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
         }
     }
     Ok(())
