@@ -41,11 +41,6 @@ impl KvCache {
         }
     }
 
-    /// Blocks for `positions` positions of `layout` in `layers` layers within `bytes`.
-    pub fn blocks_for_bytes(layout: KvLayout, layers: usize, bytes: usize) -> usize {
-        bytes / (2 * layers * layout.block_len() * size_of::<f32>()).max(1)
-    }
-
     pub fn layout(&self) -> KvLayout {
         self.layout
     }

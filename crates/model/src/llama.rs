@@ -14,7 +14,7 @@ use tessera_kernels::rope::{Rope, RopeTables};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, SeqCache};
-use crate::weights::{TensorId, TensorSource, Weight};
+use crate::weights::{TensorId, TensorSource, Weight, check_shape};
 
 /// A projection with an optional bias.
 #[derive(Debug)]
@@ -210,15 +210,13 @@ impl Llama {
             .collect::<Result<Vec<_>, ModelError>>()?;
         let embed = source.require_shape(TensorId::Embed, c.vocab_size, hidden)?;
         let lm_head = match source.get(TensorId::LmHead)? {
-            Some(_) => Some(source.require_shape(TensorId::LmHead, c.vocab_size, hidden)?),
+            Some(w) => Some(check_shape(source.path(), w, c.vocab_size, hidden)?),
             None if c.tie_word_embeddings => None,
             None => {
-                return Err(source.require(TensorId::LmHead).err().unwrap_or_else(|| {
-                    ModelError::MissingTensor {
-                        path: source.path().into(),
-                        tensor: TensorId::LmHead.hf_name(),
-                    }
-                }));
+                return Err(ModelError::MissingTensor {
+                    path: source.path().into(),
+                    tensor: TensorId::LmHead.hf_name(),
+                });
             }
         };
         let rope = Rope::new(hd, c.rope.theta, &c.rope.scaling, c.rope.pairing);

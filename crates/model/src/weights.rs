@@ -5,7 +5,7 @@
 //! expanded. [`TensorSource`] hides the file format: the model asks for a [`TensorId`]
 //! and gets the tensor whatever the file calls it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use tessera_kernels::DType;
@@ -195,22 +195,19 @@ pub trait TensorSource: Send + Sync {
 
     /// The tensor, checked to be `rows × cols`.
     fn require_shape(&self, id: TensorId, rows: usize, cols: usize) -> Result<Weight, ModelError> {
-        let w = self.require(id)?;
-        if (w.rows, w.cols) != (rows, cols) {
-            return Err(ModelError::TensorShape {
-                path: self.path().into(),
-                tensor: w.name,
-                expected: vec![rows, cols],
-                actual: vec![w.rows, w.cols],
-            });
-        }
-        Ok(w)
+        check_shape(self.path(), self.require(id)?, rows, cols)
     }
 }
 
-/// Where a checkpoint came from, for logs.
-#[derive(Clone, Debug)]
-pub struct SourceInfo {
-    pub path: PathBuf,
-    pub format: &'static str,
+/// `w` if it is `rows × cols`, else an error naming the file, the tensor and both shapes.
+pub fn check_shape(path: &Path, w: Weight, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+    if (w.rows, w.cols) != (rows, cols) {
+        return Err(ModelError::TensorShape {
+            path: path.into(),
+            tensor: w.name,
+            expected: vec![rows, cols],
+            actual: vec![w.rows, w.cols],
+        });
+    }
+    Ok(w)
 }

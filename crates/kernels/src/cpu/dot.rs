@@ -28,11 +28,6 @@ impl<'a> RowDot<'a> {
         }
     }
 
-    /// The activation vector.
-    pub fn x(&self) -> &[f32] {
-        self.x
-    }
-
     /// Σ row·x where `row` holds one row of `dtype` values, `x.len()` of them.
     pub fn dot(&self, dtype: DType, row: &[u8]) -> Result<f32, KernelError> {
         let expected = dtype.row_bytes(self.x.len())?;
