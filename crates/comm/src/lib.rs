@@ -1,6 +1,28 @@
-//! Wire protocol, control plane and collectives between Tessera processes.
+//! Everything that crosses a process boundary in Tessera.
 //!
-//! This crate will own the versioned control-message enums (bincode with explicit size
-//! limits), the QUIC endpoints with mutual TLS, and the `Collective` trait with its CPU
-//! (shared memory, TCP ring) and NCCL backends. It is empty until the tensor-parallel
-//! work lands; see ARCHITECTURE.md, "Control protocol" and "Collectives".
+//! - [`proto`]: the closed, versioned control messages between shards and coordinators
+//!   ([`proto::ShardMsg`], [`proto::CoordinatorMsg`]) and the step plan they carry.
+//! - [`wire`]: bincode encoding with an explicit size limit, length-prefixed frames whose
+//!   length is checked before anything is allocated, trailing bytes rejected.
+//! - [`tls`] and [`certs`]: the cluster CA, one certificate per coordinator peer and shard
+//!   (role and id in the subject alternative name), and the rustls verifiers that refuse a
+//!   peer from another CA or with the wrong role.
+//! - [`quic`]: quinn endpoints with mutual TLS and explicit transport limits (windows, stream
+//!   counts, keep-alive, idle timeout).
+//! - [`collective`]: the [`Collective`] trait (all-reduce sum, all-gather, broadcast,
+//!   barrier) with CPU backends — shared memory on one host, a TCP ring between hosts — each
+//!   call bounded by a deadline that names the rank that did not arrive.
+//!
+//! Drivers: the shard process (`tessera-shard`) owns one collective on its compute thread
+//! and one control connection; the coordinator accepts the control connections.
+
+pub mod certs;
+pub mod collective;
+mod error;
+pub mod proto;
+pub mod quic;
+pub mod tls;
+pub mod wire;
+
+pub use collective::{Collective, CollectiveError, CollectiveStats, GroupToken, Solo};
+pub use error::CommError;

@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::error::TopologyError;
 use crate::issue::{Location, Severity, Source, TopologyIssue};
@@ -15,7 +15,7 @@ use crate::spec::TopologySpec;
 use crate::{PlanError, parse, validate};
 
 /// The position of a shard in its tensor-parallel group, `0..tp`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Rank(pub u32);
 
@@ -26,7 +26,7 @@ impl fmt::Display for Rank {
 }
 
 /// The raft id of a coordinator peer (at least 1: raft reserves 0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct PeerId(pub u64);
 

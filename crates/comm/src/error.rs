@@ -1,0 +1,8 @@
+//! (being written)
+
+/// Errors of the control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    #[error("{message}")]
+    Other { message: String },
+}

@@ -1,0 +1,247 @@
+//! The control protocol between shards and coordinators: closed enums, one per direction,
+//! encoded with [`crate::wire`] in length-prefixed frames on one bidirectional QUIC stream
+//! per shard connection.
+//!
+//! A connection opens with [`ShardMsg::Register`], which carries [`PROTOCOL_VERSION`]; a
+//! coordinator that speaks another version answers [`CoordinatorMsg::Refused`]. Adding a
+//! variant or a field is a version bump: bincode has no optional fields, and a message this
+//! peer does not know is a decode error, never silently skipped.
+//!
+//! Lifecycle of a shard: `Register` → (`Assign` → `Loading`* → `Ready`) → (`Step` →
+//! `StepDone`)* … A failure anywhere is `Failed`; the coordinator then fences the group (a
+//! new epoch) and, once every rank is connected again, sends a fresh `Assign`. Every plan
+//! carries (term, epoch); a shard drops plans from an older one.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessera_topology::Rank;
+
+use crate::collective::GroupToken;
+
+/// Bumped on any change to the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A sequence: one generation stream of a request, unique within a coordinator term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SeqId(pub u64);
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Shard → coordinator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ShardMsg {
+    Register(Register),
+    /// Weight loading progress for the current assignment.
+    Loading {
+        epoch: u64,
+        loaded_bytes: u64,
+        total_bytes: u64,
+    },
+    Ready(Ready),
+    StepDone(StepDone),
+    /// The shard cannot go on with this epoch (collective aborted, load failed, bad plan).
+    Failed {
+        epoch: u64,
+        error: WireError,
+    },
+}
+
+/// The first message of a shard connection. The coordinator checks it against the
+/// topology and against the identity in the shard's certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Register {
+    pub version: u32,
+    pub group: String,
+    pub rank: Rank,
+    pub pid: u32,
+    /// The device it computes on, as written in the topology (`cpu`, `cuda:0`).
+    pub device: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub epoch: u64,
+    /// KV blocks this rank can hold (ranks of a group report the same number when their
+    /// budgets are equal; the coordinator uses the minimum).
+    pub kv_blocks: u32,
+    /// Positions per KV block.
+    pub block_size: u32,
+    /// Bytes of weights this rank read from the model files (its slice only).
+    pub weight_bytes: u64,
+}
+
+/// What a shard reports after executing one [`StepPlan`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepDone {
+    pub epoch: u64,
+    pub step: u64,
+    /// One entry per sequence that produced a token in this step. Filled by rank 0 (the
+    /// sampling rank); other ranks send it empty.
+    pub tokens: Vec<SeqToken>,
+    pub free_blocks: u32,
+    pub timings: StepTimings,
+}
+
+/// A sampled token, and whether the sequence finished with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqToken {
+    pub seq: SeqId,
+    pub token: u32,
+    pub finish: Option<FinishReason>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token was sampled.
+    Stop,
+    /// `max_tokens` were generated (or the context is full).
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Where a step's time went on one rank, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepTimings {
+    /// From starting the step to finishing it.
+    pub step_us: u64,
+    /// Inside collective calls (part of `step_us`).
+    pub collective_us: u64,
+    /// Waiting for this plan after the previous step finished (the "bubble").
+    pub idle_us: u64,
+}
+
+/// Coordinator → shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CoordinatorMsg {
+    /// Registration accepted: load (if not loaded), join the collective, report `Ready`.
+    Assign(Assignment),
+    Step(StepPlan),
+    /// Finish the current step, then wait for a new assignment.
+    Drain,
+    /// Exit cleanly.
+    Shutdown,
+    /// Registration refused; the connection closes after this message.
+    Refused {
+        error: WireError,
+    },
+}
+
+/// A shard's place in its group for one epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub term: u64,
+    pub epoch: u64,
+    /// Authenticates the group's collective connections for this epoch.
+    pub token: GroupToken,
+    pub bootstrap: Bootstrap,
+    /// How long one collective call may wait for the other ranks.
+    pub collective_deadline_ms: u64,
+}
+
+/// How the ranks of a group find each other.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Bootstrap {
+    /// tp = 1.
+    Solo,
+    /// One host: a shared-memory segment of this name (under `/dev/shm`).
+    Shm { name: String },
+    /// Any hosts: rank r listens on `peers[r]` (`host:port`).
+    Tcp { peers: Vec<String> },
+}
+
+/// One step for a group: a delta against the state the shards already hold.
+///
+/// Shards execute, in order: `free`, then each of `prefill` (the whole prompt; chunked
+/// prefill comes with batching), then one decode token for each of `decode` that has not
+/// finished. Rank 0 samples every sequence and the tokens reach the other ranks through
+/// the collective, so a shard never waits for the coordinator to learn a token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepPlan {
+    pub term: u64,
+    pub epoch: u64,
+    /// Consecutive within an epoch, from 0.
+    pub step: u64,
+    pub free: Vec<SeqId>,
+    pub prefill: Vec<NewSeq>,
+    pub decode: Vec<SeqId>,
+}
+
+/// A sequence entering the group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewSeq {
+    pub seq: SeqId,
+    pub prompt: Vec<u32>,
+    pub sampling: Sampling,
+    /// Tokens to generate at most (the first comes from the prefill).
+    pub max_tokens: u32,
+    /// Tokens that end the sequence (end-of-sequence ids and request stop ids).
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// Sampling settings on the wire (the kernel's `SamplingParams`, with fixed-size types).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    pub temperature: f32,
+    /// 0: no limit.
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Always set: the coordinator draws one when the request has none, so every rank
+    /// and every retry of the sequence samples the same way.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Sampling {
+        Sampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// The class of an error, decided once near its cause; it picks the HTTP status, the
+/// metric label and the OpenAI error `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorClass {
+    InvalidRequest,
+    Unavailable,
+    CapacityExhausted,
+    DeadlineExceeded,
+    Cancelled,
+    Internal,
+}
+
+/// An error that crosses a process boundary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct WireError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// The rank to blame, when one is known (a collective names the rank that did not
+    /// arrive).
+    pub rank: Option<Rank>,
+}
