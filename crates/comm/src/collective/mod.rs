@@ -21,6 +21,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tessera_topology::Rank;
 
+pub mod connect;
+pub mod local;
 pub mod shm;
 pub mod tcp;
 
