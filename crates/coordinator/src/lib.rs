@@ -1,4 +1,16 @@
-//! The coordinator (being written).
+//! The coordinator (`tessera-coordinator`): accepts shard registrations, drives every
+//! tensor-parallel group of the topology, and serves the HTTP API.
+//!
+//! - [`server`]: the QUIC control endpoint — mutual TLS, registration checks.
+//! - [`group`]: one driver task per group (epochs, plans, deadlines, fencing) around a
+//!   pure scheduler core.
+//! - [`cluster`]: the groups by model; implements [`engine::Engine`] for the API.
+//! - [`api`]: the OpenAI-compatible HTTP API over any [`engine::Engine`].
+//!
+//! One coordinator peer for now; Raft replication comes later.
 
 pub mod api;
+pub mod cluster;
 pub mod engine;
+pub mod group;
+pub mod server;

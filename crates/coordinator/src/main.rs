@@ -1,1 +1,173 @@
-fn main() {}
+//! `tessera-coordinator`: one coordinator peer. Reads the topology, accepts the shards'
+//! control connections, drives every group and serves the HTTP API until SIGTERM or
+//! Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow};
+use clap::Parser;
+use tessera_comm::certs::{Credentials, Identity};
+use tessera_comm::quic;
+use tessera_coordinator::api::{self, ApiState, ServedModel};
+use tessera_coordinator::cluster::Cluster;
+use tessera_coordinator::group::driver::Limits;
+use tessera_coordinator::server;
+use tessera_model::loader;
+use tessera_topology::{PeerId, Topology};
+use tracing::info;
+
+/// A Tessera coordinator peer.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-coordinator", version, about)]
+struct Args {
+    /// The cluster's topology file.
+    #[arg(long, env = "TESSERA_TOPOLOGY")]
+    topology: PathBuf,
+    /// This peer's id in the topology's `[[coordinator]]` list.
+    #[arg(long, env = "TESSERA_PEER", default_value_t = 1)]
+    peer: u64,
+    /// Directory with `ca.pem` and this peer's certificate (`tessera certs init`).
+    #[arg(long, env = "TESSERA_CERTS")]
+    certs: PathBuf,
+    /// Serve the HTTP API here instead of the topology's `http` address.
+    #[arg(long, env = "TESSERA_HTTP")]
+    http: Option<SocketAddr>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(error) => {
+            eprintln!("error: starting the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let topology = read_topology(&args.topology)?;
+    let me = topology
+        .coordinators
+        .iter()
+        .find(|c| c.id == PeerId(args.peer))
+        .ok_or_else(|| anyhow!("coordinator peer {} is not in the topology", args.peer))?
+        .clone();
+    let credentials = Credentials::load(&args.certs, &Identity::Coordinator(me.id))?;
+    let models = served_models(&topology)?;
+
+    let quic_addr = resolve(&me.quic.to_string()).await?;
+    let endpoint = quic::server_endpoint(quic_addr, &credentials)?;
+    // One peer for now: it is the leader of term 1.
+    let cluster = Cluster::start(&topology, 1, Limits::default());
+    tokio::spawn(server::accept_loop(
+        endpoint.clone(),
+        topology,
+        cluster.clone(),
+    ));
+
+    let http_addr = match args.http {
+        Some(addr) => addr,
+        None => resolve(&me.http.to_string()).await?,
+    };
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP API to {http_addr}"))?;
+    info!(peer = me.id.0, quic = %quic_addr, http = %http_addr, "coordinator started");
+    let app = api::router(ApiState {
+        models,
+        engine: Arc::new(cluster),
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP")?;
+    endpoint.close(0u32.into(), b"coordinator stopping");
+    info!("stopped");
+    Ok(())
+}
+
+/// Tokenizer and limits of every model, read from the model files' metadata (no
+/// weights: the coordinator runs no layers).
+fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    topology
+        .models
+        .iter()
+        .map(|m| {
+            let meta = loader::load_metadata(&m.path)
+                .with_context(|| format!("reading model `{}` at {}", m.name, m.path.display()))?;
+            let mut eos_token_ids = meta.config.eos_token_ids.clone();
+            if let Some(t) = &meta.tokenizer {
+                eos_token_ids.extend(t.eos_token_ids());
+            }
+            eos_token_ids.sort_unstable();
+            eos_token_ids.dedup();
+            Ok(ServedModel {
+                name: m.name.clone(),
+                context_tokens: meta.config.max_position_embeddings,
+                vocab_size: meta.config.vocab_size,
+                tokenizer: meta.tokenizer.map(Arc::new),
+                eos_token_ids,
+                created,
+            })
+        })
+        .collect()
+}
+
+async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("resolving {addr}"))?
+        .next()
+        .ok_or_else(|| anyhow!("{addr} resolves to no address"))
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = terminate => info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => info!("interrupted: stopping"),
+    }
+}
+
+/// Reads and validates the topology, reporting every problem with its line.
+fn read_topology(path: &Path) -> anyhow::Result<Topology> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading topology {}", path.display()))?;
+    Topology::parse(&text, path).map_err(|issues| {
+        let lines: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
+        anyhow!(
+            "{} is not a valid topology:\n{}",
+            path.display(),
+            lines.join("\n")
+        )
+    })
+}

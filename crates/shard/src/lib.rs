@@ -1,5 +1,18 @@
-//! The shard process: one rank of a tensor-parallel group.
+//! The shard process (`tessera-shard`): one rank of a tensor-parallel group.
 //!
-//! A shard will register with the coordinator, load only its slice of the weights, join its
-//! group's collective, own its paged KV cache and execute step plans. It is empty until the
-//! tensor-parallel work lands; see ARCHITECTURE.md, "Shard: step loop and block allocator".
+//! - [`control`]: the async driver — one QUIC connection (mutual TLS) to the coordinator:
+//!   register, receive the assignment and step plans, send results.
+//! - [`worker`]: the compute thread — loads this rank's slice of the weights, joins the
+//!   group's collective for each epoch, runs plans.
+//! - [`engine`]: the step itself — sequences, KV blocks, forward passes, rank 0's
+//!   sampling shared through the collective.
+//!
+//! Lifecycle: `Register` → `Assign` (load, join, `Ready`) → `Step`/`StepDone`… A failure
+//! sends `Failed` naming the rank to blame and waits, weights kept, for a new `Assign`.
+
+pub mod control;
+pub mod engine;
+mod error;
+pub mod worker;
+
+pub use error::ShardError;

@@ -1,1 +1,168 @@
-fn main() {}
+//! `tessera-shard`: one rank of a tensor-parallel group. Reads the topology, connects to
+//! the coordinator and serves step plans until told to stop (SIGTERM, Ctrl-C or the
+//! coordinator's `Shutdown`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use anyhow::{Context, anyhow, bail};
+use clap::Parser;
+use tessera_comm::certs::{Credentials, Identity};
+use tessera_model::ModelConfig;
+use tessera_shard::control::{self, ControlConfig};
+use tessera_shard::worker::{self, WorkerConfig};
+use tessera_topology::{Device, Rank, Topology, plan_group};
+use tracing::info;
+
+/// One rank of a Tessera tensor-parallel group.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-shard", version, about)]
+struct Args {
+    /// The cluster's topology file.
+    #[arg(long, env = "TESSERA_TOPOLOGY")]
+    topology: PathBuf,
+    /// The group this shard belongs to.
+    #[arg(long, env = "TESSERA_GROUP")]
+    group: String,
+    /// This shard's rank in its group.
+    #[arg(long, env = "TESSERA_RANK")]
+    rank: u32,
+    /// Directory with `ca.pem` and this shard's certificate (`tessera certs init`).
+    #[arg(long, env = "TESSERA_CERTS")]
+    certs: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> anyhow::Result<()> {
+    let topology = read_topology(&args.topology)?;
+    let rank = Rank(args.rank);
+    let group = topology.group(&args.group).ok_or_else(|| {
+        anyhow!(
+            "group `{}` is not in {}",
+            args.group,
+            args.topology.display()
+        )
+    })?;
+    let shard = group.shards.get(rank.0 as usize).ok_or_else(|| {
+        anyhow!(
+            "group `{}` has {} ranks; there is no rank {rank}",
+            group.name,
+            group.tp
+        )
+    })?;
+    if shard.device != Device::Cpu {
+        bail!(
+            "group `{}` rank {rank}: device {} is not supported by this build (CPU only)",
+            group.name,
+            shard.device
+        );
+    }
+    let model = topology
+        .model(&group.model)
+        .ok_or_else(|| anyhow!("model `{}` is not in the topology", group.model))?;
+    let config = ModelConfig::from_path(&model.path)
+        .with_context(|| format!("reading model `{}`", model.name))?;
+    let plans = plan_group(group.tp, &config.shape())
+        .map_err(|e| anyhow!("group `{}`: {e}", group.name))?;
+    let plan = plans[rank.0 as usize].clone();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(shard.threads.max(1))
+        .build_global()
+        .context("starting the compute threads")?;
+    let credentials = Credentials::load(
+        &args.certs,
+        &Identity::Shard {
+            group: group.name.clone(),
+            rank,
+        },
+    )?;
+    info!(group = %group.name, rank = %rank, tp = group.tp, model = %model.name, "starting");
+
+    let (command_tx, command_rx) = mpsc::channel();
+    let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
+    let worker_config = WorkerConfig {
+        rank,
+        tp: group.tp,
+        model_path: model.path.clone(),
+        plan,
+        kv_memory_bytes: shard.kv_memory_bytes,
+        step_delay: fault_step_delay()?,
+    };
+    std::thread::Builder::new()
+        .name("compute".into())
+        .spawn(move || worker::run(worker_config, command_rx, event_tx))
+        .context("starting the compute thread")?;
+    let control = ControlConfig {
+        group: group.name.clone(),
+        rank,
+        device: shard.device.to_string(),
+        coordinators: topology
+            .coordinators
+            .iter()
+            .map(|c| (c.id, c.quic.to_string()))
+            .collect(),
+        credentials,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            result = control::run(control, command_tx, event_rx) => result,
+            _ = terminate.recv() => { info!("SIGTERM: exiting"); Ok(()) }
+            _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); Ok(()) }
+        }
+    })
+}
+
+/// `TESSERA_FAULT_STEP_DELAY_MS`: a fault-injection knob for tests that need a slow
+/// shard (a generation long enough to kill a process in the middle of it).
+fn fault_step_delay() -> anyhow::Result<std::time::Duration> {
+    match std::env::var("TESSERA_FAULT_STEP_DELAY_MS") {
+        Ok(ms) => {
+            let ms: u64 = ms
+                .parse()
+                .with_context(|| format!("TESSERA_FAULT_STEP_DELAY_MS={ms} is not a number"))?;
+            tracing::warn!(ms, "fault injection: every step is delayed");
+            Ok(std::time::Duration::from_millis(ms))
+        }
+        Err(_) => Ok(std::time::Duration::ZERO),
+    }
+}
+
+/// Reads and validates the topology, reporting every problem with its line.
+fn read_topology(path: &Path) -> anyhow::Result<Topology> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading topology {}", path.display()))?;
+    Topology::parse(&text, path).map_err(|issues| {
+        let lines: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
+        anyhow!(
+            "{} is not a valid topology:\n{}",
+            path.display(),
+            lines.join("\n")
+        )
+    })
+}

@@ -1,4 +1,427 @@
-//! End-to-end tests that start the real Tessera binaries (`tessera`, and later
-//! `tessera-shard` and `tessera-coordinator`) and check what a user sees.
+//! Helpers for the end-to-end tests: a cluster of real `tessera-coordinator` and
+//! `tessera-shard` processes described by a topology written into a temporary directory,
+//! and a small HTTP client for its API.
 //!
-//! The tests live in `tests/`; this library only holds what they share.
+//! The binaries are the workspace's own, found next to the test executable's `deps/`
+//! directory (`cargo test --workspace` builds them). Every process runs in its own
+//! process group, logs to a file in the cluster's directory, and is killed when the
+//! [`Cluster`] is dropped; a failing test prints the logs.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A fixture model directory or file under `fixtures/models`.
+pub fn fixture(rel: &str) -> PathBuf {
+    repo().join("fixtures/models").join(rel)
+}
+
+/// The demo model, required when `TESSERA_REQUIRE_DEMO_MODEL=1` (CI); `None` otherwise
+/// when it has not been fetched.
+pub fn demo_model() -> Option<PathBuf> {
+    let path = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("TESSERA_REQUIRE_DEMO_MODEL").as_deref() == Ok("1") {
+        panic!("{} is missing: run scripts/get-demo-model.sh", path.display());
+    }
+    eprintln!("SKIPPED: {} is missing (scripts/get-demo-model.sh)", path.display());
+    None
+}
+
+/// A workspace binary, built by `cargo test --workspace`.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("tests run from target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
+/// A TCP and UDP port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = tcp.local_addr().expect("bound").port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One group of a test topology.
+#[derive(Clone, Debug)]
+pub struct GroupSpec {
+    pub name: String,
+    /// The topology's model name (one `[[model]]` per distinct name).
+    pub model: String,
+    pub path: PathBuf,
+    pub tp: usize,
+    /// `"shm"` or `"tcp"`.
+    pub collective: &'static str,
+    /// Host name per rank (all `local` unless set).
+    pub hosts: Vec<String>,
+}
+
+impl GroupSpec {
+    pub fn local(name: &str, model: &str, path: &Path, tp: usize) -> GroupSpec {
+        GroupSpec {
+            name: name.into(),
+            model: model.into(),
+            path: path.into(),
+            tp,
+            collective: "shm",
+            hosts: vec!["local".into(); tp],
+        }
+    }
+}
+
+/// The text of a topology: one coordinator, the given hosts (`name`, `address`) and groups.
+pub fn topology_text(
+    coordinator_host: &str,
+    quic: &str,
+    http: &str,
+    hosts: &[(&str, &str)],
+    groups: &[GroupSpec],
+) -> String {
+    let mut t = String::new();
+    let _ = write!(
+        t,
+        "[[coordinator]]\nid = 1\nhost = \"{coordinator_host}\"\nquic = \"{quic}\"\nhttp = \"{http}\"\ndata_dir = \"coordinator-1\"\n\n"
+    );
+    for (name, address) in hosts {
+        let _ = write!(t, "[[host]]\nname = \"{name}\"\naddress = \"{address}\"\n\n");
+    }
+    let mut models: Vec<(&str, &Path)> = Vec::new();
+    for g in groups {
+        if !models.iter().any(|(m, _)| *m == g.model) {
+            models.push((&g.model, &g.path));
+        }
+    }
+    for (name, path) in models {
+        let _ = write!(
+            t,
+            "[[model]]\nname = \"{name}\"\npath = \"{}\"\n\n",
+            path.display()
+        );
+    }
+    for g in groups {
+        let _ = write!(
+            t,
+            "[[group]]\nname = \"{}\"\nmodel = \"{}\"\ntp = {}\ncollective = \"{}\"\n\n",
+            g.name, g.model, g.tp, g.collective
+        );
+        for (rank, host) in g.hosts.iter().enumerate() {
+            let _ = write!(
+                t,
+                "[[group.shard]]\nrank = {rank}\nhost = \"{host}\"\ndevice = \"cpu\"\nthreads = 1\nport = {}\nkv_memory = \"16MiB\"\n\n",
+                free_port()
+            );
+        }
+    }
+    t
+}
+
+/// A running process of the cluster.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+/// Real coordinator and shard processes for one topology.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub topology: PathBuf,
+    pub certs: PathBuf,
+    pub http: String,
+    pub procs: Vec<Proc>,
+    /// Prefix for every command (e.g. `ip netns exec NS`), per process name.
+    pub wrap: Box<dyn Fn(&str) -> Vec<String>>,
+}
+
+impl Cluster {
+    /// Writes `topology` (text) and its certificates into a new directory.
+    pub fn prepare(topology: &str, http: &str) -> anyhow::Result<Cluster> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("topology.toml");
+        std::fs::write(&path, topology)?;
+        let parsed = tessera_topology::Topology::parse(topology, &path).map_err(|issues| {
+            anyhow!(
+                "bad test topology: {}",
+                issues.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("; ")
+            )
+        })?;
+        let certs = dir.path().join("certs");
+        tessera_comm::certs::init_cluster(&parsed, &certs)?;
+        Ok(Cluster {
+            dir,
+            topology: path,
+            certs,
+            http: format!("http://{http}"),
+            procs: Vec::new(),
+            wrap: Box::new(|_| Vec::new()),
+        })
+    }
+
+    /// A one-host cluster of `groups`, with coordinator and every shard started.
+    pub fn start_local(groups: &[GroupSpec]) -> anyhow::Result<Cluster> {
+        let quic = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{}", free_port());
+        let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], groups);
+        let mut cluster = Cluster::prepare(&text, &http)?;
+        cluster.start_coordinator()?;
+        for g in groups {
+            for rank in 0..g.tp {
+                cluster.start_shard(&g.name, rank)?;
+            }
+        }
+        cluster.wait_healthy(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    pub fn start_coordinator(&mut self) -> anyhow::Result<()> {
+        let args = vec![
+            "--topology".to_string(),
+            self.topology.display().to_string(),
+            "--certs".into(),
+            self.certs.display().to_string(),
+        ];
+        self.spawn("coordinator-1", &bin("tessera-coordinator"), &args, &[])
+    }
+
+    pub fn start_shard(&mut self, group: &str, rank: usize) -> anyhow::Result<()> {
+        self.start_shard_with(group, rank, &[])
+    }
+
+    /// Starts a shard with extra environment (fault injection knobs).
+    pub fn start_shard_with(
+        &mut self,
+        group: &str,
+        rank: usize,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        let args = vec![
+            "--topology".to_string(),
+            self.topology.display().to_string(),
+            "--group".into(),
+            group.into(),
+            "--rank".into(),
+            rank.to_string(),
+            "--certs".into(),
+            self.certs.display().to_string(),
+        ];
+        self.spawn(
+            &format!("{group}-{rank}"),
+            &bin("tessera-shard"),
+            &args,
+            env,
+        )
+    }
+
+    /// Starts `program` as process `name`, logging to `<dir>/<name>.log`.
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        let log = self.dir.path().join(format!("{name}.log"));
+        let out = File::options().create(true).append(true).open(&log)?;
+        let prefix = (self.wrap)(name);
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        cmd.args(args)
+            .env("TESSERA_LOG", "info")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        self.procs.push(Proc {
+            name: name.into(),
+            child,
+            log,
+        });
+        Ok(())
+    }
+
+    /// The process named `name` (the latest one started under that name).
+    pub fn proc(&mut self, name: &str) -> &mut Proc {
+        self.procs
+            .iter_mut()
+            .rev()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no process {name}"))
+    }
+
+    /// Sends `signal` to process `name`'s process group.
+    pub fn signal(&mut self, name: &str, signal: Signal) {
+        let pid = self.proc(name).child.id();
+        let _ = killpg(Pid::from_raw(pid as i32), signal);
+    }
+
+    /// Waits for `GET /health`.
+    pub fn wait_healthy(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(r) = ureq::get(format!("{}/health", self.http)).call()
+                && r.status() == 200
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the coordinator did not answer /health within {timeout:?}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `POST /v1/completions` with `body`; the status and the JSON answer.
+    pub fn complete(&self, body: &Value) -> anyhow::Result<(u16, Value)> {
+        post(&format!("{}/v1/completions", self.http), body)
+    }
+
+    /// Greedy tokens for a token-id prompt (EOS ignored), retrying while the group starts.
+    pub fn greedy(&self, model: &str, prompt: &[u32], max_tokens: usize) -> anyhow::Result<Vec<u32>> {
+        let body = json!({
+            "model": model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+        });
+        let (status, answer) = self.complete(&body)?;
+        if status != 200 {
+            bail!("status {status}: {answer}\n{}", self.logs());
+        }
+        token_ids(&answer)
+    }
+
+    /// Every process's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for p in &self.procs {
+            let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let _ = writeln!(out, "---- {} ({})", p.name, p.log.display());
+            for line in tail.iter().rev() {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = killpg(Pid::from_raw(p.child.id() as i32), Signal::SIGKILL);
+            let _ = p.child.wait();
+        }
+    }
+}
+
+/// `POST url` with a JSON body: the status and the JSON answer (errors included).
+pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into();
+    let mut response = agent
+        .post(url)
+        .send_json(body)
+        .with_context(|| format!("POST {url}"))?;
+    let status = response.status().as_u16();
+    let value: Value = response
+        .body_mut()
+        .read_json()
+        .with_context(|| format!("POST {url}: the answer is not JSON"))?;
+    Ok((status, value))
+}
+
+/// `choices[0].token_ids` of a completion.
+pub fn token_ids(answer: &Value) -> anyhow::Result<Vec<u32>> {
+    answer["choices"][0]["token_ids"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no choices[0].token_ids in {answer}"))?
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .map(|t| t as u32)
+                .ok_or_else(|| anyhow!("token id {v} is not a number"))
+        })
+        .collect()
+}
+
+/// Processes whose command line contains every one of `needles` (as whole arguments or
+/// substrings of one), other than this test process.
+pub fn find_pids(needles: &[&str]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if pid != me && needles.iter().all(|n| args.iter().any(|a| a.contains(n))) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A shard started by `tessera up` for `topology`: its pid, when exactly one runs.
+pub fn shard_pid(topology: &Path, group: &str, rank: usize) -> Option<i32> {
+    let topology = topology.display().to_string();
+    let rank = rank.to_string();
+    let pids: Vec<i32> = find_pids(&["tessera-shard", &topology, group])
+        .into_iter()
+        .filter(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            args.windows(2)
+                .any(|w| w[0] == b"--rank" && w[1] == rank.as_bytes())
+        })
+        .collect();
+    (pids.len() == 1).then(|| pids[0])
+}

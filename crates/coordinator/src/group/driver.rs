@@ -1,0 +1,522 @@
+//! The task that drives one group: owns its shards' control streams and its
+//! [`Scheduler`], and turns shard messages, requests and the clock into plans.
+//!
+//! States: `Down` (a rank is missing) → `Assigning` (every rank connected; `Assign` sent
+//! for a new epoch, waiting for every `Ready`) → `Serving`. Any failure — a `Failed`
+//! message, a lost connection, a rank re-registering, a missed step deadline — fences the
+//! group: the epoch ends, its sequences fail with an error naming the group and the rank,
+//! queued requests wait for the next epoch, and the group is re-assigned as soon as every
+//! rank is connected.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tessera_comm::GroupToken;
+use tessera_comm::proto::{
+    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, SeqId, ShardMsg, StepDone, WireError,
+};
+use tessera_comm::wire;
+use tessera_topology::Rank;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+use super::scheduler::{Finished, Scheduler};
+use super::{GroupCommand, GroupHandle, ShardLink};
+use crate::engine::{GenerateOutput, GenerateRequest};
+
+/// How a group's ranks find each other, and the limits it runs under.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    pub name: String,
+    pub model: String,
+    pub tp: usize,
+    /// `None`: shared memory (one host). `Some`: TCP ring, `host:port` per rank.
+    pub tcp_peers: Option<Vec<String>>,
+    pub term: u64,
+    pub limits: Limits,
+}
+
+/// Deadlines of a group.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A collective call waits this long for the other ranks.
+    pub collective_deadline: Duration,
+    /// A plan's results are due after `step_base + step_per_token × tokens in the plan`.
+    pub step_base: Duration,
+    pub step_per_token: Duration,
+    /// Every rank must report `Ready` this long after `Assign` (the first one loads weights).
+    pub assign_deadline: Duration,
+    /// A request waits at most this long for the group to be serving.
+    pub queue_wait: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            // Shared by every rank; see `CollectiveConfig::default` for the reasoning.
+            collective_deadline: Duration::from_secs(2),
+            // A step is milliseconds; the base absorbs scheduling noise on a busy host,
+            // the per-token part a long prefill on CPU (SmolLM2 prefills at roughly
+            // 1,000 tokens/s on one core: 20 ms per token leaves a wide margin).
+            step_base: Duration::from_secs(5),
+            step_per_token: Duration::from_millis(20),
+            assign_deadline: Duration::from_secs(300),
+            queue_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How often the driver checks deadlines and abandoned requests.
+const TICK: Duration = Duration::from_millis(100);
+/// A write to a shard's control stream that takes longer than this means the shard is gone.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A message from one of the reader tasks.
+#[derive(Debug)]
+struct FromShard {
+    rank: Rank,
+    conn: u64,
+    /// `None`: the stream ended.
+    msg: Option<ShardMsg>,
+}
+
+struct Link {
+    conn: u64,
+    connection: quinn::Connection,
+    send: quinn::SendStream,
+}
+
+enum State {
+    Down,
+    Assigning {
+        epoch: u64,
+        since: Instant,
+        ready: Vec<Option<(u32, u32)>>,
+    },
+    Serving {
+        epoch: u64,
+    },
+}
+
+/// Per-rank step timings, summed, for the periodic report.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    steps: u64,
+    step_us: u64,
+    collective_us: u64,
+    idle_us: u64,
+}
+
+/// Starts the driver of one group.
+pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
+    let (commands, command_rx) = mpsc::channel(super::COMMAND_BUFFER);
+    let ready = Arc::new(AtomicBool::new(false));
+    let handle = GroupHandle {
+        name: config.name.clone(),
+        model: config.model.clone(),
+        tp: config.tp,
+        commands,
+        ready: Arc::clone(&ready),
+    };
+    let (shard_tx, shard_rx) = mpsc::unbounded_channel();
+    let driver = Driver {
+        links: (0..config.tp).map(|_| None).collect(),
+        sched: Scheduler::new(config.term),
+        state: State::Down,
+        epoch: 0,
+        next_conn: 0,
+        waiting: HashMap::new(),
+        last_done: vec![0; config.tp],
+        totals: vec![Totals::default(); config.tp],
+        config,
+        seq_ids,
+        ready,
+        shard_tx,
+    };
+    tokio::spawn(driver.run(command_rx, shard_rx));
+    handle
+}
+
+struct Driver {
+    config: GroupConfig,
+    links: Vec<Option<Link>>,
+    sched: Scheduler,
+    state: State,
+    /// The last epoch handed out.
+    epoch: u64,
+    next_conn: u64,
+    waiting: HashMap<SeqId, oneshot::Sender<Result<GenerateOutput, WireError>>>,
+    /// Per rank: the highest step it reported done in this epoch (plus one).
+    last_done: Vec<u64>,
+    totals: Vec<Totals>,
+    seq_ids: Arc<AtomicU64>,
+    ready: Arc<AtomicBool>,
+    shard_tx: mpsc::UnboundedSender<FromShard>,
+}
+
+impl Driver {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<GroupCommand>,
+        mut shards: mpsc::UnboundedReceiver<FromShard>,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        let mut report = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(GroupCommand::Attach { rank, link }) => self.attach(rank, link).await,
+                    Some(GroupCommand::Submit { request, reply }) => self.submit(request, reply),
+                    None => return,
+                },
+                Some(event) = shards.recv() => self.on_shard(event).await,
+                _ = tick.tick() => self.on_tick().await,
+                _ = report.tick() => self.report(),
+            }
+            self.pump().await;
+        }
+    }
+
+    fn submit(
+        &mut self,
+        request: GenerateRequest,
+        reply: oneshot::Sender<Result<GenerateOutput, WireError>>,
+    ) {
+        let seq = SeqId(self.seq_ids.fetch_add(1, Ordering::Relaxed));
+        match self.sched.submit(seq, request, Instant::now()) {
+            Ok(()) => {
+                self.waiting.insert(seq, reply);
+            }
+            Err(too_large) => {
+                let _ = reply.send(Err(WireError {
+                    class: ErrorClass::InvalidRequest,
+                    message: format!(
+                        "the request needs {} KV blocks but group {} holds {}; \
+                         shorten the prompt or max_tokens",
+                        too_large.needed_blocks, self.config.name, too_large.kv_blocks
+                    ),
+                    rank: None,
+                }));
+            }
+        }
+    }
+
+    async fn attach(&mut self, rank: Rank, link: ShardLink) {
+        let r = rank.0 as usize;
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        info!(group = %self.config.name, rank = %rank, pid = link.pid, "shard registered");
+        let tx = self.shard_tx.clone();
+        let mut recv = link.recv;
+        tokio::spawn(async move {
+            loop {
+                let msg =
+                    match wire::read_frame::<_, ShardMsg>(&mut recv, wire::MAX_FRAME_BYTES).await {
+                        Ok(Some(msg)) => Some(msg),
+                        Ok(None) => None,
+                        Err(error) => {
+                            debug!(rank = %rank, %error, "shard stream ended");
+                            None
+                        }
+                    };
+                let end = msg.is_none();
+                if tx.send(FromShard { rank, conn, msg }).is_err() || end {
+                    return;
+                }
+            }
+        });
+        let replaced = self.links[r].replace(Link {
+            conn,
+            connection: link.connection,
+            send: link.send,
+        });
+        if let Some(old) = replaced {
+            old.connection
+                .close(0u32.into(), b"replaced by a new registration");
+            if !matches!(self.state, State::Down) {
+                self.fence(
+                    rank,
+                    format!("rank {rank} restarted (new pid {})", link.pid),
+                );
+            }
+        }
+        self.maybe_assign().await;
+    }
+
+    async fn on_shard(&mut self, event: FromShard) {
+        let r = event.rank.0 as usize;
+        if self.links[r].as_ref().map(|l| l.conn) != Some(event.conn) {
+            return; // a replaced connection
+        }
+        let Some(msg) = event.msg else {
+            self.links[r] = None;
+            warn!(group = %self.config.name, rank = %event.rank, "shard disconnected");
+            if !matches!(self.state, State::Down) {
+                self.fence(event.rank, format!("rank {} disconnected", event.rank));
+            }
+            return;
+        };
+        match msg {
+            ShardMsg::Register(_) => {
+                self.fence(event.rank, "sent a second Register".into());
+            }
+            ShardMsg::Loading {
+                epoch,
+                loaded_bytes,
+                total_bytes,
+            } => {
+                info!(group = %self.config.name, rank = %event.rank, epoch, loaded_bytes, total_bytes, "loading");
+            }
+            ShardMsg::Ready(ready) => {
+                if let State::Assigning {
+                    epoch,
+                    ready: slots,
+                    ..
+                } = &mut self.state
+                    && ready.epoch == *epoch
+                {
+                    info!(
+                        group = %self.config.name, rank = %event.rank, epoch = ready.epoch,
+                        kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
+                        "rank ready"
+                    );
+                    slots[r] = Some((ready.kv_blocks, ready.block_size));
+                    self.maybe_serve();
+                }
+            }
+            ShardMsg::StepDone(done) => self.on_step_done(event.rank, done),
+            ShardMsg::Failed { epoch, error } => {
+                if self.current_epoch() == Some(epoch) {
+                    let blamed = error.rank.unwrap_or(event.rank);
+                    warn!(group = %self.config.name, rank = %event.rank, blamed = %blamed, %error, "shard failed");
+                    self.fence(blamed, format!("rank {blamed} failed: {}", error.message));
+                }
+            }
+        }
+    }
+
+    fn on_step_done(&mut self, rank: Rank, done: StepDone) {
+        let State::Serving { epoch } = self.state else {
+            return;
+        };
+        if done.epoch != epoch {
+            return;
+        }
+        let r = rank.0 as usize;
+        self.last_done[r] = done.step + 1;
+        let t = &mut self.totals[r];
+        t.steps += 1;
+        t.step_us += done.timings.step_us;
+        t.collective_us += done.timings.collective_us;
+        t.idle_us += done.timings.idle_us;
+        if rank != Rank(0) {
+            return;
+        }
+        for Finished { seq, output } in self.sched.on_step_done(done.step, &done.tokens) {
+            if let Some(reply) = self.waiting.remove(&seq) {
+                let _ = reply.send(Ok(output));
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let now = Instant::now();
+        let limits = self.config.limits;
+        // Requests whose client went away.
+        let gone: Vec<SeqId> = self
+            .waiting
+            .iter()
+            .filter(|(_, reply)| reply.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for seq in gone {
+            self.waiting.remove(&seq);
+            self.sched.cancel(seq);
+        }
+        for seq in self.sched.expire(now, limits.queue_wait) {
+            let message = format!(
+                "group {} did not become ready within {} s{}",
+                self.config.name,
+                limits.queue_wait.as_secs(),
+                self.missing_ranks()
+            );
+            self.fail(seq, ErrorClass::Unavailable, message, None);
+        }
+        match &self.state {
+            State::Serving { .. } => {
+                if let Some(step) = self
+                    .sched
+                    .overdue(now, limits.step_base, limits.step_per_token)
+                {
+                    let laggard = (0..self.config.tp)
+                        .min_by_key(|&r| self.last_done[r])
+                        .map_or(Rank(0), |r| Rank(r as u32));
+                    self.fence(
+                        laggard,
+                        format!("rank {laggard} missed the deadline of step {step}"),
+                    );
+                }
+            }
+            State::Assigning { since, ready, .. } => {
+                if now.duration_since(*since) > limits.assign_deadline {
+                    let missing = ready.iter().position(Option::is_none).unwrap_or(0);
+                    let rank = Rank(missing as u32);
+                    self.fence(
+                        rank,
+                        format!(
+                            "rank {rank} did not report ready within {} s",
+                            limits.assign_deadline.as_secs()
+                        ),
+                    );
+                }
+            }
+            State::Down => {}
+        }
+        self.maybe_assign().await;
+    }
+
+    /// Sends every plan the scheduler has ready.
+    async fn pump(&mut self) {
+        if !matches!(self.state, State::Serving { .. }) {
+            return;
+        }
+        while let Some(plan) = self.sched.next_plan(Instant::now()) {
+            let msg = CoordinatorMsg::Step(plan);
+            if let Err(rank) = self.broadcast(&msg).await {
+                self.fence(
+                    rank,
+                    format!("rank {rank} stopped reading its control stream"),
+                );
+                return;
+            }
+        }
+    }
+
+    /// Writes `msg` to every rank; on failure, the first rank that could not take it.
+    async fn broadcast(&mut self, msg: &CoordinatorMsg) -> Result<(), Rank> {
+        for (r, link) in self.links.iter_mut().enumerate() {
+            let rank = Rank(r as u32);
+            let Some(link) = link else { return Err(rank) };
+            match tokio::time::timeout(WRITE_TIMEOUT, wire::write_frame(&mut link.send, msg)).await
+            {
+                Ok(Ok(())) => {}
+                _ => return Err(rank),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a new epoch when every rank is connected and the group is down.
+    async fn maybe_assign(&mut self) {
+        if !matches!(self.state, State::Down) || self.links.iter().any(Option::is_none) {
+            return;
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let bootstrap = match (&self.config.tcp_peers, self.config.tp) {
+            (_, 1) => Bootstrap::Solo,
+            (Some(peers), _) => Bootstrap::Tcp {
+                peers: peers.clone(),
+            },
+            (None, _) => Bootstrap::Shm {
+                name: format!("tessera-{}-e{epoch}", self.config.name),
+            },
+        };
+        let assignment = Assignment {
+            term: self.config.term,
+            epoch,
+            token: GroupToken::random(),
+            bootstrap,
+            collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
+        };
+        info!(group = %self.config.name, epoch, "assigning");
+        self.state = State::Assigning {
+            epoch,
+            since: Instant::now(),
+            ready: vec![None; self.config.tp],
+        };
+        if let Err(rank) = self.broadcast(&CoordinatorMsg::Assign(assignment)).await {
+            self.fence(rank, format!("rank {rank} could not be assigned"));
+        }
+    }
+
+    fn maybe_serve(&mut self) {
+        let State::Assigning { epoch, ready, .. } = &self.state else {
+            return;
+        };
+        if ready.iter().any(Option::is_none) {
+            return;
+        }
+        let epoch = *epoch;
+        let kv_blocks = ready.iter().flatten().map(|(b, _)| *b).min().unwrap_or(0);
+        let block_size = ready.iter().flatten().map(|(_, s)| *s).max().unwrap_or(16);
+        self.sched.start_epoch(epoch, kv_blocks, block_size);
+        self.last_done = vec![0; self.config.tp];
+        self.state = State::Serving { epoch };
+        self.ready.store(true, Ordering::Relaxed);
+        info!(group = %self.config.name, epoch, kv_blocks, "group serving");
+    }
+
+    /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
+    fn fence(&mut self, rank: Rank, reason: String) {
+        self.ready.store(false, Ordering::Relaxed);
+        self.state = State::Down;
+        let lost = self.sched.fence();
+        warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
+        let message = format!("group {}: {reason}", self.config.name);
+        for seq in lost {
+            self.fail(seq, ErrorClass::Unavailable, message.clone(), Some(rank));
+        }
+    }
+
+    fn fail(&mut self, seq: SeqId, class: ErrorClass, message: String, rank: Option<Rank>) {
+        if let Some(reply) = self.waiting.remove(&seq) {
+            let _ = reply.send(Err(WireError {
+                class,
+                message,
+                rank,
+            }));
+        }
+    }
+
+    fn current_epoch(&self) -> Option<u64> {
+        match self.state {
+            State::Down => None,
+            State::Assigning { epoch, .. } | State::Serving { epoch } => Some(epoch),
+        }
+    }
+
+    fn missing_ranks(&self) -> String {
+        let missing: Vec<String> = (0..self.config.tp)
+            .filter(|&r| self.links[r].is_none())
+            .map(|r| r.to_string())
+            .collect();
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (rank {} not connected)", missing.join(", "))
+        }
+    }
+
+    /// Logs where the ranks' step time went since the last report.
+    fn report(&mut self) {
+        for (r, t) in self.totals.iter_mut().enumerate() {
+            if t.steps == 0 {
+                continue;
+            }
+            let busy = t.step_us.max(1) as f64;
+            info!(
+                group = %self.config.name,
+                rank = r,
+                steps = t.steps,
+                mean_step_us = t.step_us / t.steps,
+                collective_share = format!("{:.3}", t.collective_us as f64 / busy),
+                bubble_share = format!("{:.3}", t.idle_us as f64 / (busy + t.idle_us as f64)),
+                "step timings"
+            );
+            *t = Totals::default();
+        }
+    }
+}

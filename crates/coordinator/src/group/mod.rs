@@ -1,0 +1,87 @@
+//! Tensor-parallel groups as the coordinator drives them.
+//!
+//! - [`scheduler`]: the pure core of one group — queue, admission by KV blocks, pipelined
+//!   step plans, results.
+//! - [`driver`]: one tokio task per group that owns the scheduler and the control streams
+//!   of the group's shards; it assigns epochs, sends plans, applies results, enforces the
+//!   step deadline and fences the group on any failure.
+//! - [`GroupHandle`]: what the rest of the coordinator holds to submit requests to a
+//!   group and to attach a newly registered shard.
+
+pub mod driver;
+pub mod scheduler;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_topology::Rank;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{GenerateOutput, GenerateRequest};
+
+/// The control streams of one registered shard.
+#[derive(Debug)]
+pub struct ShardLink {
+    pub connection: quinn::Connection,
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+    pub pid: u32,
+}
+
+/// What a group's driver is asked to do.
+#[derive(Debug)]
+pub enum GroupCommand {
+    /// A shard of this group registered (replacing any earlier connection of its rank).
+    Attach { rank: Rank, link: ShardLink },
+    Submit {
+        request: GenerateRequest,
+        reply: oneshot::Sender<Result<GenerateOutput, WireError>>,
+    },
+}
+
+/// A cloneable handle on a group's driver.
+#[derive(Clone, Debug)]
+pub struct GroupHandle {
+    pub name: String,
+    pub model: String,
+    pub tp: usize,
+    commands: mpsc::Sender<GroupCommand>,
+    ready: Arc<AtomicBool>,
+}
+
+/// Requests a group's driver buffers before `submit` waits: generous, since each is
+/// handled in microseconds; the scheduler's queue is where requests wait.
+const COMMAND_BUFFER: usize = 1024;
+
+impl GroupHandle {
+    /// True while the group is serving an epoch.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    pub async fn attach(&self, rank: Rank, link: ShardLink) -> Result<(), WireError> {
+        self.commands
+            .send(GroupCommand::Attach { rank, link })
+            .await
+            .map_err(|_| self.stopped())
+    }
+
+    /// Runs `request` on this group.
+    pub async fn generate(&self, request: GenerateRequest) -> Result<GenerateOutput, WireError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(GroupCommand::Submit { request, reply })
+            .await
+            .map_err(|_| self.stopped())?;
+        answer.await.map_err(|_| self.stopped())?
+    }
+
+    fn stopped(&self) -> WireError {
+        WireError {
+            class: ErrorClass::Unavailable,
+            message: format!("group {}: the coordinator is shutting down", self.name),
+            rank: None,
+        }
+    }
+}

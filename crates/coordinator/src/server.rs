@@ -1,0 +1,148 @@
+//! The control endpoint: accepts shard connections (QUIC, mutual TLS), checks each
+//! registration against the certificate's identity and the topology, and hands the
+//! streams to the group's driver. Anything else is refused with a reason.
+
+use std::time::Duration;
+
+use tessera_comm::certs::Identity;
+use tessera_comm::proto::{
+    CoordinatorMsg, ErrorClass, PROTOCOL_VERSION, Register, ShardMsg, WireError,
+};
+use tessera_comm::{quic, wire};
+use tessera_topology::Topology;
+use tracing::{info, warn};
+
+use crate::cluster::Cluster;
+use crate::group::ShardLink;
+
+/// A registration must arrive this soon after the handshake.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accepts connections until the endpoint closes.
+pub async fn accept_loop(endpoint: quinn::Endpoint, topology: Topology, cluster: Cluster) {
+    let topology = std::sync::Arc::new(topology);
+    while let Some(incoming) = endpoint.accept().await {
+        let topology = std::sync::Arc::clone(&topology);
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            if let Err(reason) = handle(incoming, &topology, &cluster).await {
+                warn!(%remote, reason, "connection refused");
+            }
+        });
+    }
+}
+
+async fn handle(
+    incoming: quinn::Incoming,
+    topology: &Topology,
+    cluster: &Cluster,
+) -> Result<(), String> {
+    let connection = incoming
+        .await
+        .map_err(|e| format!("handshake failed: {e}"))?;
+    let identity = quic::peer_identity(&connection).map_err(|e| {
+        connection.close(1u32.into(), b"unknown identity");
+        e.to_string()
+    })?;
+    let (mut send, mut recv) = tokio::time::timeout(REGISTER_TIMEOUT, connection.accept_bi())
+        .await
+        .map_err(|_| "no stream opened".to_string())?
+        .map_err(|e| format!("connection lost: {e}"))?;
+    let first = tokio::time::timeout(
+        REGISTER_TIMEOUT,
+        wire::read_frame::<_, ShardMsg>(&mut recv, wire::MAX_FRAME_BYTES),
+    )
+    .await
+    .map_err(|_| "no registration within 5 s".to_string())?;
+    let register = match first {
+        Ok(Some(ShardMsg::Register(register))) => register,
+        Ok(Some(_)) => {
+            return refuse(
+                &connection,
+                &mut send,
+                "the first message must be Register".into(),
+            )
+            .await;
+        }
+        Ok(None) => return Err("closed before registering".into()),
+        Err(e) => {
+            return refuse(
+                &connection,
+                &mut send,
+                format!("bad registration frame: {e}"),
+            )
+            .await;
+        }
+    };
+    if let Err(reason) = check(&identity, &register, topology) {
+        return refuse(&connection, &mut send, reason).await;
+    }
+    let group = cluster
+        .group(&register.group)
+        .expect("checked against the topology");
+    info!(group = %register.group, rank = %register.rank, pid = register.pid, "registration accepted");
+    let link = ShardLink {
+        connection,
+        send,
+        recv,
+        pid: register.pid,
+    };
+    group
+        .attach(register.rank, link)
+        .await
+        .map_err(|e| e.message)
+}
+
+/// Why `register` from a peer holding `identity` is not acceptable, if it is not.
+pub fn check(identity: &Identity, register: &Register, topology: &Topology) -> Result<(), String> {
+    if register.version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {} is not supported (this coordinator speaks {PROTOCOL_VERSION}); \
+             run the same Tessera version everywhere",
+            register.version
+        ));
+    }
+    let Identity::Shard { group, rank } = identity else {
+        return Err(format!(
+            "a {identity:?} certificate cannot register as a shard; use the shard's own certificate"
+        ));
+    };
+    if *group != register.group || *rank != register.rank {
+        return Err(format!(
+            "the certificate is for group {group} rank {rank}, but the shard registered as \
+             group {} rank {}",
+            register.group, register.rank
+        ));
+    }
+    let Some(g) = topology.group(group) else {
+        return Err(format!("group `{group}` is not in the topology"));
+    };
+    if rank.0 as usize >= g.tp {
+        return Err(format!(
+            "group `{group}` has tp = {}; rank {rank} does not exist",
+            g.tp
+        ));
+    }
+    Ok(())
+}
+
+async fn refuse(
+    connection: &quinn::Connection,
+    send: &mut quinn::SendStream,
+    reason: String,
+) -> Result<(), String> {
+    let msg = CoordinatorMsg::Refused {
+        error: WireError {
+            class: ErrorClass::InvalidRequest,
+            message: reason.clone(),
+            rank: None,
+        },
+    };
+    let _ = wire::write_frame(send, &msg).await;
+    let _ = send.finish();
+    // Give the refusal a moment to reach the peer before the connection closes.
+    let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+    connection.close(2u32.into(), b"refused");
+    Err(reason)
+}

@@ -1,0 +1,142 @@
+//! The shard's control task: keeps one QUIC connection (mutual TLS) to the coordinator,
+//! registers, relays coordinator messages to the compute thread and the thread's
+//! messages back. A lost connection is retried with backoff; the weights stay loaded
+//! and the coordinator re-assigns the group under a new epoch.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tessera_comm::certs::{Credentials, Identity};
+use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
+use tessera_comm::{quic, wire};
+use tessera_topology::{PeerId, Rank};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::{info, warn};
+
+use crate::worker::Command;
+
+/// Where and who this shard is.
+#[derive(Clone, Debug)]
+pub struct ControlConfig {
+    pub group: String,
+    pub rank: Rank,
+    pub device: String,
+    /// Coordinator peers to try, in order.
+    pub coordinators: Vec<(PeerId, String)>,
+    pub credentials: Credentials,
+}
+
+/// Backoff between connection attempts: quick at first (the coordinator may be starting
+/// next to us), capped so that a restarted coordinator is found within two seconds.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// How one connection ended.
+enum Ended {
+    /// Lost or closed: reconnect.
+    Lost,
+    /// The coordinator told this shard to exit.
+    Shutdown,
+}
+
+/// Runs until the coordinator sends `Shutdown` or refuses this shard.
+pub async fn run(
+    config: ControlConfig,
+    commands: mpsc::Sender<Command>,
+    mut events: UnboundedReceiver<ShardMsg>,
+) -> anyhow::Result<()> {
+    let endpoint = quic::client_endpoint(&config.credentials)?;
+    let mut delay = RETRY_MIN;
+    loop {
+        for (peer, addr) in &config.coordinators {
+            let Some(target) = resolve(addr).await else {
+                warn!(peer = %peer, addr, "cannot resolve coordinator address");
+                continue;
+            };
+            let identity = Identity::Coordinator(*peer);
+            let connection = match quic::connect(&endpoint, target, &identity).await {
+                Ok(c) => c,
+                Err(error) => {
+                    warn!(peer = %peer, addr, %error, "coordinator not reachable");
+                    continue;
+                }
+            };
+            delay = RETRY_MIN;
+            info!(peer = %peer, addr, "connected to coordinator");
+            match serve(&config, &connection, &commands, &mut events).await {
+                Ok(Ended::Shutdown) => return Ok(()),
+                Ok(Ended::Lost) => warn!(peer = %peer, "coordinator connection lost"),
+                Err(error) => return Err(error),
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RETRY_MAX);
+    }
+}
+
+async fn resolve(addr: &str) -> Option<SocketAddr> {
+    tokio::net::lookup_host(addr).await.ok()?.next()
+}
+
+/// One registered connection: coordinator frames go to the compute thread, its messages
+/// come back. Returns `Err` only for a refusal, which retrying would not change.
+async fn serve(
+    config: &ControlConfig,
+    connection: &quinn::Connection,
+    commands: &mpsc::Sender<Command>,
+    events: &mut UnboundedReceiver<ShardMsg>,
+) -> anyhow::Result<Ended> {
+    let Ok((mut send, mut recv)) = connection.open_bi().await else {
+        return Ok(Ended::Lost);
+    };
+    let register = ShardMsg::Register(Register {
+        version: PROTOCOL_VERSION,
+        group: config.group.clone(),
+        rank: config.rank,
+        pid: std::process::id(),
+        device: config.device.clone(),
+    });
+    if wire::write_frame(&mut send, &register).await.is_err() {
+        return Ok(Ended::Lost);
+    }
+    // Messages the compute thread produced for an earlier connection are stale.
+    while events.try_recv().is_ok() {}
+    loop {
+        tokio::select! {
+            frame = wire::read_frame::<_, CoordinatorMsg>(&mut recv, wire::MAX_FRAME_BYTES) => {
+                let msg = match frame {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) => return Ok(Ended::Lost),
+                    Err(error) => {
+                        warn!(%error, "bad frame from coordinator");
+                        return Ok(Ended::Lost);
+                    }
+                };
+                let command = match msg {
+                    CoordinatorMsg::Assign(a) => {
+                        info!(epoch = a.epoch, term = a.term, "assigned");
+                        Command::Assign(a)
+                    }
+                    CoordinatorMsg::Step(plan) => Command::Step(plan),
+                    CoordinatorMsg::Drain => continue,
+                    CoordinatorMsg::Shutdown => {
+                        info!("coordinator asked this shard to exit");
+                        return Ok(Ended::Shutdown);
+                    }
+                    CoordinatorMsg::Refused { error } => {
+                        bail!("the coordinator refused this shard: {}", error.message);
+                    }
+                };
+                commands.send(command).context("the compute thread stopped")?;
+            }
+            event = events.recv() => {
+                let Some(event) = event else { bail!("the compute thread stopped") };
+                if wire::write_frame(&mut send, &event).await.is_err() {
+                    return Ok(Ended::Lost);
+                }
+            }
+        }
+    }
+}

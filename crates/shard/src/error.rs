@@ -1,0 +1,52 @@
+//! Errors of the shard process, each with the class the coordinator sees.
+
+use tessera_comm::CollectiveError;
+use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_model::ModelError;
+use tessera_topology::Rank;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("collective failed: {source}")]
+    Collective {
+        #[from]
+        source: CollectiveError,
+    },
+    #[error("model: {source}")]
+    Model {
+        #[from]
+        source: ModelError,
+    },
+    #[error("step {step}: {message}")]
+    BadPlan { step: u64, message: String },
+    #[error("no assignment yet: a step plan arrived before `Assign`")]
+    NotAssigned,
+}
+
+impl ShardError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ShardError::Collective { .. } => ErrorClass::Unavailable,
+            ShardError::Model {
+                source: ModelError::InvalidRequest { .. },
+            } => ErrorClass::InvalidRequest,
+            ShardError::Model { .. } | ShardError::BadPlan { .. } | ShardError::NotAssigned => {
+                ErrorClass::Internal
+            }
+        }
+    }
+
+    /// The error as it crosses to the coordinator. A collective names the rank that did
+    /// not arrive; any other failure is this rank's own.
+    pub fn to_wire(&self, me: Rank) -> WireError {
+        let rank = match self {
+            ShardError::Collective { source } => source.culprit().or(Some(me)),
+            _ => Some(me),
+        };
+        WireError {
+            class: self.class(),
+            message: self.to_string(),
+            rank,
+        }
+    }
+}

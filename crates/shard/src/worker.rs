@@ -1,0 +1,231 @@
+//! The compute thread of a shard: owns the model slice, the collective and the
+//! [`Engine`] of the current epoch. The control task sends it [`Command`]s and relays
+//! its [`ShardMsg`]s to the coordinator.
+//!
+//! Weights outlive epochs: after a failure the thread drops the collective and the KV
+//! cache, keeps the model, and waits for the next `Assign`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvError};
+use std::time::{Duration, Instant};
+
+use tessera_comm::Collective;
+use tessera_comm::collective::CollectiveConfig;
+use tessera_comm::collective::connect::connect;
+use tessera_comm::proto::{
+    Assignment, Ready, ShardMsg, StepDone, StepPlan, StepTimings, WireError,
+};
+use tessera_kernels::attention::KvLayout;
+use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
+use tessera_model::llama::Llama;
+use tessera_model::loader;
+use tessera_topology::{Rank, RankPlan};
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{debug, info, warn};
+
+use crate::engine::Engine;
+use crate::error::ShardError;
+
+/// What the control task asks of the compute thread.
+#[derive(Debug)]
+pub enum Command {
+    Assign(Assignment),
+    Step(StepPlan),
+}
+
+/// What a shard is, for the whole life of the process.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub rank: Rank,
+    pub tp: usize,
+    pub model_path: PathBuf,
+    pub plan: RankPlan,
+    pub kv_memory_bytes: u64,
+    /// Fault injection for tests: sleep this long before every step (a slow shard).
+    pub step_delay: Duration,
+}
+
+/// The epoch this rank is serving.
+struct Active {
+    comm: Box<dyn Collective>,
+    engine: Engine,
+}
+
+/// Runs until the command channel closes.
+pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedSender<ShardMsg>) {
+    let mut model: Option<Arc<Llama>> = None;
+    let mut active: Option<Active> = None;
+    let mut last_step_end: Option<Instant> = None;
+    loop {
+        let waiting = Instant::now();
+        let command = match commands.recv() {
+            Ok(command) => command,
+            Err(RecvError) => return,
+        };
+        match command {
+            Command::Assign(assignment) => {
+                // The old epoch's collective and sequences go first: their memory is needed.
+                active = None;
+                last_step_end = None;
+                let epoch = assignment.epoch;
+                match assign(&config, &mut model, assignment, &events) {
+                    Ok((next, ready)) => {
+                        active = Some(next);
+                        let _ = events.send(ShardMsg::Ready(ready));
+                    }
+                    Err(error) => {
+                        warn!(epoch, %error, "assignment failed");
+                        let error = error.to_wire(config.rank);
+                        let _ = events.send(ShardMsg::Failed { epoch, error });
+                    }
+                }
+            }
+            Command::Step(plan) => {
+                let (Some(model), Some(current)) = (model.as_ref(), active.as_mut()) else {
+                    debug!(
+                        epoch = plan.epoch,
+                        step = plan.step,
+                        "plan without an active epoch"
+                    );
+                    continue;
+                };
+                if plan.epoch != current.engine.epoch() {
+                    debug!(
+                        epoch = plan.epoch,
+                        step = plan.step,
+                        "plan of another epoch"
+                    );
+                    continue;
+                }
+                let idle = last_step_end.map_or(Duration::ZERO, |_| waiting.elapsed());
+                if !config.step_delay.is_zero() {
+                    std::thread::sleep(config.step_delay);
+                }
+                let started = Instant::now();
+                let collective_before = current.comm.stats().time;
+                let result = current.engine.step(model, &plan, current.comm.as_mut());
+                let done = Instant::now();
+                last_step_end = Some(done);
+                match result {
+                    Ok(out) => {
+                        let timings = StepTimings {
+                            step_us: micros(done - started),
+                            collective_us: micros(current.comm.stats().time - collective_before),
+                            idle_us: micros(idle),
+                        };
+                        let tokens = if config.rank == Rank(0) {
+                            out.tokens
+                        } else {
+                            Vec::new()
+                        };
+                        let _ = events.send(ShardMsg::StepDone(StepDone {
+                            epoch: plan.epoch,
+                            step: plan.step,
+                            tokens,
+                            free_blocks: current.engine.free_blocks() as u32,
+                            timings,
+                        }));
+                    }
+                    Err(error) => {
+                        warn!(epoch = plan.epoch, step = plan.step, %error, "step failed");
+                        let error = error.to_wire(config.rank);
+                        let _ = events.send(ShardMsg::Failed {
+                            epoch: plan.epoch,
+                            error,
+                        });
+                        // A failed step leaves the collective aborted and the sequences
+                        // half-advanced: this epoch is over for this rank.
+                        active = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Loads the slice (once), joins the epoch's collective and sizes the KV cache.
+fn assign(
+    config: &WorkerConfig,
+    model: &mut Option<Arc<Llama>>,
+    assignment: Assignment,
+    events: &UnboundedSender<ShardMsg>,
+) -> Result<(Active, Ready), ShardError> {
+    let epoch = assignment.epoch;
+    let llama = match model {
+        Some(m) => Arc::clone(m),
+        None => {
+            let started = Instant::now();
+            let _ = events.send(ShardMsg::Loading {
+                epoch,
+                loaded_bytes: 0,
+                total_bytes: 0,
+            });
+            let loaded = Arc::new(loader::load_rank(
+                &config.model_path,
+                &config.plan,
+                config.tp,
+            )?);
+            info!(
+                rank = %config.rank,
+                weight_bytes = loaded.weight_bytes(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "weights loaded"
+            );
+            let bytes = loaded.weight_bytes() as u64;
+            let _ = events.send(ShardMsg::Loading {
+                epoch,
+                loaded_bytes: bytes,
+                total_bytes: bytes,
+            });
+            *model = Some(Arc::clone(&loaded));
+            loaded
+        }
+    };
+    let collective = CollectiveConfig {
+        deadline: Duration::from_millis(assignment.collective_deadline_ms),
+        ..CollectiveConfig::default()
+    };
+    let comm = connect(
+        &assignment.bootstrap,
+        config.rank,
+        config.tp,
+        &assignment.token,
+        collective,
+    )?;
+    let c = llama.config();
+    let layout = KvLayout {
+        block_size: DEFAULT_BLOCK_SIZE,
+        kv_heads: config.plan.kv_heads.len(),
+        head_dim: c.head_dim,
+    };
+    let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, config.kv_memory_bytes);
+    let cache = KvCache::new(layout, c.num_hidden_layers, blocks);
+    info!(epoch, rank = %config.rank, kv_blocks = blocks, "joined the group");
+    let ready = Ready {
+        epoch,
+        kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+        block_size: DEFAULT_BLOCK_SIZE as u32,
+        weight_bytes: llama.weight_bytes() as u64,
+    };
+    Ok((
+        Active {
+            comm,
+            engine: Engine::new(config.rank, epoch, cache),
+        },
+        ready,
+    ))
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A wire error for a failure outside any step (e.g. the control connection).
+pub fn internal(rank: Rank, message: String) -> WireError {
+    WireError {
+        class: tessera_comm::proto::ErrorClass::Internal,
+        message,
+        rank: Some(rank),
+    }
+}

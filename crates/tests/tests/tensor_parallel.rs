@@ -1,0 +1,105 @@
+//! Tensor parallelism through the real binaries: one coordinator and a group per tp
+//! degree (1, 2 and 4 shard processes over shared memory) for each f32 fixture model;
+//! greedy tokens must equal transformers' (`expected.json`) at every tp. Logits are
+//! compared within 1e-4 in-process (crates/model/tests/tensor_parallel.rs); here the
+//! whole path — registration, assignment, collectives, plans, sampling on rank 0 — runs.
+//! The demo model (SmolLM2, 9 heads, 3 KV heads) must give the same tokens at tp = 3
+//! as at tp = 1.
+
+use serde::Deserialize;
+use tessera_tests::{Cluster, GroupSpec, demo_model, fixture};
+
+#[derive(Deserialize)]
+struct Expected {
+    prompts: Vec<Vec<u32>>,
+    variants: std::collections::BTreeMap<String, Variant>,
+}
+
+#[derive(Deserialize)]
+struct Variant {
+    results: Vec<Greedy>,
+}
+
+#[derive(Deserialize)]
+struct Greedy {
+    greedy: Vec<u32>,
+}
+
+fn same_tokens_at_every_tp(model: &str) {
+    let expected: Expected = serde_json::from_str(
+        &std::fs::read_to_string(fixture(&format!("{model}/expected.json")))
+            .expect("expected.json is readable"),
+    )
+    .expect("expected.json parses");
+    let path = fixture(&format!("{model}/f32"));
+    let tps = [1, 2, 4];
+    let groups: Vec<GroupSpec> = tps
+        .iter()
+        .map(|tp| GroupSpec::local(&format!("tp{tp}"), &format!("m{tp}"), &path, *tp))
+        .collect();
+    let cluster = Cluster::start_local(&groups).expect("the cluster starts");
+    let reference = &expected.variants["f32"].results;
+    for (prompt, want) in expected.prompts.iter().zip(reference) {
+        for tp in tps {
+            let got = cluster
+                .greedy(&format!("m{tp}"), prompt, want.greedy.len())
+                .unwrap_or_else(|e| panic!("{model} tp = {tp}: {e:#}"));
+            assert_eq!(
+                got,
+                want.greedy,
+                "{model} at tp = {tp}, prompt of {} tokens: tokens differ from transformers\n{}",
+                prompt.len(),
+                cluster.logs()
+            );
+        }
+    }
+}
+
+#[test]
+fn llama_gqa() {
+    same_tokens_at_every_tp("llama-gqa");
+}
+
+#[test]
+fn llama3_rope() {
+    same_tokens_at_every_tp("llama3-rope");
+}
+
+#[test]
+fn mistral() {
+    same_tokens_at_every_tp("mistral");
+}
+
+#[test]
+fn qwen2_bias_tied() {
+    same_tokens_at_every_tp("qwen2-bias-tied");
+}
+
+#[test]
+fn smollm2_tp3_matches_tp1() {
+    let Some(path) = demo_model() else { return };
+    let groups = [
+        GroupSpec::local("tp1", "smol1", &path, 1),
+        GroupSpec::local("tp3", "smol3", &path, 3),
+    ];
+    let cluster = Cluster::start_local(&groups).expect("the cluster starts");
+    // "The capital of France is" in SmolLM2's vocabulary, with a chat-free raw prompt.
+    let body = |model: &str| {
+        serde_json::json!({
+            "model": model, "prompt": "The capital of France is", "max_tokens": 16,
+            "temperature": 0, "return_token_ids": true,
+        })
+    };
+    let (s1, a1) = cluster.complete(&body("smol1")).expect("tp = 1 answers");
+    let (s3, a3) = cluster.complete(&body("smol3")).expect("tp = 3 answers");
+    assert_eq!((s1, s3), (200, 200), "{a1}\n{a3}\n{}", cluster.logs());
+    assert_eq!(
+        a1["choices"][0]["token_ids"], a3["choices"][0]["token_ids"],
+        "SmolLM2 tp = 3 must generate what tp = 1 does\n{a1}\n{a3}"
+    );
+    assert_eq!(a1["choices"][0]["text"], a3["choices"][0]["text"]);
+    assert!(
+        a1["choices"][0]["text"].as_str().unwrap_or("").contains("Paris"),
+        "SmolLM2 should know: {a1}"
+    );
+}
