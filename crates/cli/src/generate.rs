@@ -2,7 +2,7 @@
 //! stdout (or printing one JSON object with `--json`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -16,9 +16,14 @@ use tessera_model::loader::{LoadedModel, load};
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("input").required(true).args(["prompt", "chat", "prompt_tokens"])))]
 pub struct GenerateArgs {
-    /// A HuggingFace model directory or a .gguf file.
-    #[arg(long, env = "TESSERA_MODEL")]
-    pub model: PathBuf,
+    /// A HuggingFace model directory or a .gguf file; with --url, the served model's name
+    /// [default with --url: the first of the server's GET /v1/models].
+    #[arg(long, env = "TESSERA_MODEL", required_unless_present = "url")]
+    pub model: Option<PathBuf>,
+    /// Ask the server at this URL (POST /v1/completions) instead of loading the model in
+    /// this process; --threads is then ignored.
+    #[arg(long, env = "TESSERA_URL")]
+    pub url: Option<String>,
     /// Raw prompt text (no chat template).
     #[arg(long)]
     pub prompt: Option<String>,
@@ -54,8 +59,15 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
+impl GenerateArgs {
+    /// The local model's path (clap requires `--model` unless `--url` is given).
+    fn model_path(&self) -> &Path {
+        self.model.as_deref().unwrap_or(Path::new(""))
+    }
+}
+
 /// Tokens generated when `--max-tokens` is not given (less if the context is shorter).
-const DEFAULT_MAX_TOKENS: usize = 256;
+pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 /// The `--json` output.
 #[derive(Debug, Serialize)]
@@ -78,6 +90,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if !(0.0..=1.0).contains(&args.top_p) || args.top_p == 0.0 {
         bail!("--top-p must be in (0, 1], got {}", args.top_p);
     }
+    if let Some(url) = &args.url {
+        return crate::remote::generate(url, args);
+    }
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -88,7 +103,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         .num_threads(threads)
         .build()
         .context("starting the compute threads")?;
-    let model = load(&args.model)?;
+    let model = load(args.model_path())?;
     let prompt = prompt_tokens(args, &model)?;
     let mut stop_tokens = Vec::new();
     if !args.ignore_eos {
@@ -136,7 +151,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     let decode = generation.decode_tokens_per_s();
     if args.json {
         let out = JsonOutput {
-            model: args.model.display().to_string(),
+            model: args.model_path().display().to_string(),
             prompt_tokens: prompt.len(),
             prompt_token_ids: prompt,
             tokens: generation.tokens,
@@ -174,7 +189,7 @@ fn prompt_tokens(args: &GenerateArgs, model: &LoadedModel) -> anyhow::Result<Vec
     let Some(tokenizer) = &model.tokenizer else {
         bail!(
             "{} has no tokenizer (tokenizer.json or GGUF vocabulary); pass --prompt-tokens instead",
-            args.model.display()
+            args.model_path().display()
         );
     };
     if let Some(text) = &args.prompt {
@@ -184,7 +199,7 @@ fn prompt_tokens(args: &GenerateArgs, model: &LoadedModel) -> anyhow::Result<Vec
     let Some(template) = &model.chat_template else {
         bail!(
             "{} has no chat template; use --prompt instead",
-            args.model.display()
+            args.model_path().display()
         );
     };
     let rendered = template.render(

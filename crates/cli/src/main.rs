@@ -1,14 +1,20 @@
 //! `tessera`: the command-line front end of Tessera.
 //!
-//! - `tessera generate`: run a model in this process (prompt, chat or token ids).
+//! - `tessera up`: start the processes of a topology on this host and supervise them.
+//! - `tessera generate`: run a model in this process (prompt, chat or token ids), or ask a
+//!   running server with `--url`.
 //! - `tessera topology check`: validate a topology file and print the plan.
+//! - `tessera certs init`: make a cluster's CA and certificates.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod certs_cmd;
 mod generate;
+mod remote;
 mod topology_cmd;
+mod up;
 
 /// Tessera: tensor-parallel LLM serving.
 #[derive(Debug, Parser)]
@@ -20,17 +26,29 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Generate text with a model in this process.
+    /// Start the processes of a topology on this host (or the SmolLM2 demo) and supervise
+    /// them until Ctrl-C.
+    Up(up::UpArgs),
+    /// Generate text with a model in this process, or with a running server (--url).
     Generate(generate::GenerateArgs),
     /// Work with topology files.
     #[command(subcommand)]
     Topology(TopologyCommand),
+    /// Work with the cluster's certificates.
+    #[command(subcommand)]
+    Certs(CertsCommand),
 }
 
 #[derive(Debug, Subcommand)]
 enum TopologyCommand {
     /// Validate a topology file and print each group's plan, or every error found.
     Check(topology_cmd::CheckArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum CertsCommand {
+    /// Create the cluster CA and one certificate per coordinator peer and shard.
+    Init(certs_cmd::InitArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,8 +61,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match &cli.command {
+        Command::Up(args) => up::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Topology(TopologyCommand::Check(args)) => topology_cmd::check(args),
+        Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
     };
     match result {
         Ok(code) => code,

@@ -35,7 +35,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait Engine: Send + Sync + 'static {
     /// Runs `request` to completion. Errors carry their class (capacity, unavailable,
     /// deadline, internal) and, for a shard failure, the rank to blame.
-    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<GenerateOutput, WireError>>;
+    fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<GenerateOutput, WireError>>;
 
     /// True when at least one group serving `model` is ready to take a step.
     fn ready(&self, model: &str) -> bool;

@@ -9,6 +9,7 @@
 //! - [`quant`]: block layouts, dequantization and reference dot products.
 //! - [`cpu`]: feature detection and SIMD row-dot products.
 //! - [`matmul`]: weight matrix × activation vectors, in the weight's stored type.
+//! - [`shm`]: shared-memory segments and futexes for ranks on one host (Linux).
 //! - [`norm`], [`rope`], [`activation`], [`attention`], [`sampling`]: the rest of a
 //!   Llama-family decoder step.
 
@@ -23,6 +24,8 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod sampling;
+#[cfg(target_os = "linux")]
+pub mod shm;
 
 pub use dtype::DType;
 pub use error::KernelError;

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use tessera_kernels::rope::{RopePairing, RopeScaling};
+use tessera_topology::ModelShape;
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
@@ -182,6 +183,18 @@ impl ModelConfig {
     /// Query heads per KV head (grouped-query attention).
     pub fn group_size(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// The hyper-parameters that decide how the model splits over a tensor-parallel group.
+    pub fn shape(&self) -> ModelShape {
+        ModelShape {
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            intermediate_size: self.intermediate_size,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_hidden_layers: self.num_hidden_layers,
+        }
     }
 }
 

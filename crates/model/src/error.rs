@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use tessera_comm::CollectiveError;
+use tessera_comm::proto::ErrorClass;
+
 use crate::gguf::GgufError;
 
 /// Loading or running a model failed.
@@ -59,6 +62,13 @@ pub enum ModelError {
     Tokenizer { path: PathBuf, message: String },
     #[error("invalid request: {message}")]
     InvalidRequest { message: String },
+    #[error("tensor-parallel plan: {message}")]
+    Plan { message: String },
+    #[error("collective failed: {source}")]
+    Collective {
+        #[from]
+        source: CollectiveError,
+    },
 }
 
 impl ModelError {
@@ -67,6 +77,16 @@ impl ModelError {
         ModelError::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// The class a caller reports: a bad request, a failed peer (collective), or a fault
+    /// of this process or its files.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ModelError::InvalidRequest { .. } => ErrorClass::InvalidRequest,
+            ModelError::Collective { .. } => ErrorClass::Unavailable,
+            _ => ErrorClass::Internal,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! One-sequence generation on one process: prefill the prompt, then decode token by token
 //! with a [`Sampler`], stopping at a stop token or the token limit.
 //!
-//! This drives `tessera generate`; the distributed path runs the same forward pass per
-//! rank under the shard's step loop.
+//! This drives `tessera generate` ([`generate`], tp = 1). [`generate_in_group`] runs one
+//! rank of a tensor-parallel group inside one process (every rank on its own thread, with
+//! the same request): the logits, and so the sampled tokens, are the same on every rank.
+//! The distributed path runs the same forward pass per rank under the shard's step loop.
 
 use std::time::{Duration, Instant};
 
-use tessera_kernels::attention::KvLayout;
+use tessera_comm::{Collective, Solo};
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 
 use crate::error::ModelError;
@@ -66,11 +68,30 @@ impl Generation {
     }
 }
 
-/// Generates for `request`; `on_token` sees each token as it is chosen.
+/// Generates for `request` with a whole model (tp = 1); `on_token` sees each token as it
+/// is chosen.
 pub fn generate(
     model: &Llama,
     request: &GenerationRequest,
     fallback_seed: u64,
+    on_token: impl FnMut(u32),
+) -> Result<Generation, ModelError> {
+    generate_in_group(
+        model,
+        request,
+        fallback_seed,
+        &mut Solo::default(),
+        on_token,
+    )
+}
+
+/// [`generate`] for one rank of a tensor-parallel group: `model` is the rank's slice and
+/// `comm` the group's collective. Every rank must call it with the same request and seed.
+pub fn generate_in_group(
+    model: &Llama,
+    request: &GenerationRequest,
+    fallback_seed: u64,
+    comm: &mut dyn Collective,
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation, ModelError> {
     let c = model.config();
@@ -90,11 +111,7 @@ pub fn generate(
             ),
         });
     }
-    let layout = KvLayout {
-        block_size: DEFAULT_BLOCK_SIZE,
-        kv_heads: c.num_key_value_heads,
-        head_dim: c.head_dim,
-    };
+    let layout = model.kv_layout(DEFAULT_BLOCK_SIZE);
     let mut cache = KvCache::new(
         layout,
         c.num_hidden_layers,
@@ -106,7 +123,7 @@ pub fn generate(
     let started = Instant::now();
     let mut logits = Vec::new();
     for chunk in request.prompt.chunks(PREFILL_CHUNK_TOKENS) {
-        logits = model.forward(chunk, &mut seq, &mut cache)?;
+        logits = model.forward(chunk, &mut seq, &mut cache, comm)?;
     }
     let prompt_logits = logits.clone();
     let mut tokens = Vec::with_capacity(request.max_tokens);
@@ -124,7 +141,7 @@ pub fn generate(
             break;
         }
         if tokens.len() < request.max_tokens {
-            logits = model.forward(&[token], &mut seq, &mut cache)?;
+            logits = model.forward(&[token], &mut seq, &mut cache, comm)?;
         }
     }
     let elapsed = started.elapsed();

@@ -41,6 +41,13 @@ impl KvCache {
         }
     }
 
+    /// How many blocks of `layout` fit in `budget_bytes` for `layers` layers (K and V, f32).
+    /// On a tensor-parallel rank `layout.kv_heads` is the rank's own KV heads.
+    pub fn blocks_for_budget(layout: KvLayout, layers: usize, budget_bytes: usize) -> usize {
+        let block_bytes = 2 * layers * layout.block_len() * size_of::<f32>();
+        budget_bytes.checked_div(block_bytes).unwrap_or(0)
+    }
+
     pub fn layout(&self) -> KvLayout {
         self.layout
     }
@@ -89,5 +96,27 @@ impl KvCache {
             k: &self.k[layer],
             v: &self.v[layer],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_for_budget_counts_k_and_v_of_every_layer() {
+        let layout = KvLayout {
+            block_size: 16,
+            kv_heads: 1,
+            head_dim: 64,
+        };
+        // 16 × 64 × 4 bytes = 4 KiB per pool per layer; K + V over 30 layers = 240 KiB.
+        let per_block = 2 * 30 * 16 * 64 * 4;
+        assert_eq!(KvCache::blocks_for_budget(layout, 30, per_block * 10), 10);
+        assert_eq!(
+            KvCache::blocks_for_budget(layout, 30, per_block * 10 - 1),
+            9
+        );
+        assert_eq!(KvCache::blocks_for_budget(layout, 0, 1 << 20), 0);
     }
 }

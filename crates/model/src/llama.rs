@@ -4,12 +4,34 @@
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
 //! their K/V into the paged cache, and returns the logits of the last token.
+//!
+//! Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019,
+//! <https://arxiv.org/abs/1909.08053>); the slicing arithmetic is `tessera_topology`'s
+//! [`RankPlan`]. A rank loaded with [`Llama::load_rank`] holds:
+//! - q/k/v (and their biases), gate and up: its rows (column-parallel: its attention heads,
+//!   its KV heads, its MLP rows) — sub-ranges of the memory map, nothing copied;
+//! - o_proj and down_proj: the matching columns of every row (row-parallel), each followed
+//!   by an all-reduce of the partial sums over the group;
+//! - embedding and LM head: its vocabulary rows. A token outside them embeds as zeros and
+//!   the all-reduce fills it in; each rank's logits are padded to `ceil(vocab / tp)` with
+//!   −∞, all-gathered, and un-padded, so every rank returns the full vocabulary;
+//! - norms: whole (replicated).
+//!
+//! Its KV cache holds only its own KV heads; attention maps local query head `h` to local
+//! KV head `h / (local heads / local KV heads)`, which is the right one both when KV heads
+//! are split and when they are replicated (tp > KV heads: one KV head per rank).
 
+use std::mem::{Discriminant, discriminant};
+use std::ops::Range;
+
+use tessera_comm::Collective;
 use tessera_kernels::activation::silu_mul;
-use tessera_kernels::attention::paged_attention;
+use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::matmul;
 use tessera_kernels::norm::{add_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
+use tessera_topology::{RankPlan, plan_group};
+use tracing::{info, warn};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -24,21 +46,6 @@ struct Linear {
 }
 
 impl Linear {
-    fn load(
-        source: &dyn TensorSource,
-        id: TensorId,
-        bias: Option<TensorId>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Linear, ModelError> {
-        let weight = source.require_shape(id, rows, cols)?;
-        let bias = match bias {
-            Some(b) => Some(source.require_shape(b, 1, rows)?.to_f32()?),
-            None => None,
-        };
-        Ok(Linear { weight, bias })
-    }
-
     /// `ys = W·xs (+ bias)` for `xs.len() / cols` tokens.
     fn apply(&self, xs: &[f32], ys: &mut Vec<f32>) -> Result<(), ModelError> {
         let n = xs.len() / self.weight.cols;
@@ -74,10 +81,14 @@ struct Pass<'a> {
     positions: Vec<usize>,
     /// Positions each token attends to (causal: its own position + 1).
     visible: Vec<usize>,
+    /// This rank's query heads and KV heads.
+    heads: usize,
+    kv_heads: usize,
 }
 
 impl Layer {
-    /// One decoder block over the pass's tokens: `x += attn(norm(x)); x += mlp(norm(x))`.
+    /// One decoder block over the pass's tokens: `x += attn(norm(x)); x += mlp(norm(x))`,
+    /// each branch summed over the group after its row-parallel projection.
     fn run(
         &self,
         l: usize,
@@ -85,6 +96,7 @@ impl Layer {
         s: &mut Scratch,
         seq: &SeqCache,
         cache: &mut KvCache,
+        comm: &mut dyn Collective,
     ) -> Result<(), ModelError> {
         let c = pass.config;
         let hidden = c.hidden_size;
@@ -94,8 +106,8 @@ impl Layer {
         self.q.apply(&s.h, &mut s.q)?;
         self.k.apply(&s.h, &mut s.k)?;
         self.v.apply(&s.h, &mut s.v)?;
-        let q_len = c.num_attention_heads * c.head_dim;
-        let kv_len = c.num_key_value_heads * c.head_dim;
+        let q_len = pass.heads * c.head_dim;
+        let kv_len = pass.kv_heads * c.head_dim;
         let rows =
             s.q.chunks_exact_mut(q_len)
                 .zip(s.k.chunks_exact_mut(kv_len));
@@ -111,10 +123,11 @@ impl Layer {
             &kv,
             &seq.block_table,
             &pass.visible,
-            c.num_attention_heads,
+            pass.heads,
             &mut s.attn,
         );
         self.o.apply(&s.attn, &mut s.o)?;
+        comm.all_reduce_sum(&mut s.o)?;
         let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
         for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
             add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
@@ -123,21 +136,36 @@ impl Layer {
         self.up.apply(&s.h, &mut s.up)?;
         silu_mul(&mut s.gate, &s.up);
         self.down.apply(&s.gate, &mut s.down)?;
+        comm.all_reduce_sum(&mut s.down)?;
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
         Ok(())
     }
 }
 
-/// A loaded Llama-family model.
+/// Where a model sits in its tensor-parallel group.
+#[derive(Clone, Debug)]
+struct Sharding {
+    tp: usize,
+    plan: RankPlan,
+    /// Vocabulary rows of every rank, in rank order: how to un-pad the gathered logits.
+    vocab_parts: Vec<Range<usize>>,
+}
+
+/// A loaded Llama-family model: the whole model (tp = 1) or one rank's slice of it.
 #[derive(Debug)]
 pub struct Llama {
     config: ModelConfig,
     rope: Rope,
+    /// This rank's vocabulary rows of the token embedding.
     embed: Weight,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
-    /// `None` when tied to the embedding.
+    /// This rank's vocabulary rows of the LM head; `None` when tied to the embedding.
     lm_head: Option<Weight>,
+    sharding: Sharding,
+    weight_bytes: usize,
+    /// Tensors whose column slice was not block-aligned and was dequantized to f32.
+    dequantized: Vec<String>,
 }
 
 /// Activations of one forward pass, reused across layers.
@@ -155,62 +183,182 @@ struct Scratch {
     down: Vec<f32>,
 }
 
-impl Llama {
-    /// Loads (maps) every tensor the config implies, checking each shape.
-    pub fn load(source: &dyn TensorSource, config: ModelConfig) -> Result<Llama, ModelError> {
-        let c = &config;
-        let (hidden, hd) = (c.hidden_size, c.head_dim);
+/// Takes one rank's slice of each tensor from a source, counting the bytes it keeps.
+struct Slicer<'a> {
+    source: &'a dyn TensorSource,
+    bytes: usize,
+    dequantized: Vec<String>,
+    /// Tensor kinds already warned about (one warning per kind, not per layer).
+    warned: Vec<Discriminant<TensorId>>,
+}
+
+impl Slicer<'_> {
+    /// The whole `rows × cols` tensor (norms: replicated on every rank).
+    fn whole(&mut self, id: TensorId, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+        let w = self.source.require_shape(id, rows, cols)?;
+        self.bytes += w.storage_bytes();
+        Ok(w)
+    }
+
+    fn norm(&mut self, id: TensorId, hidden: usize) -> Result<Vec<f32>, ModelError> {
+        self.whole(id, 1, hidden)?.to_f32()
+    }
+
+    /// Rows `take` of the `rows × cols` tensor `id`, borrowed from the map.
+    fn rows(
+        &mut self,
+        id: TensorId,
+        (rows, cols): (usize, usize),
+        take: Range<usize>,
+    ) -> Result<Weight, ModelError> {
+        let w = self.source.require_shape(id, rows, cols)?;
+        self.keep_rows(w, take)
+    }
+
+    fn keep_rows(&mut self, w: Weight, take: Range<usize>) -> Result<Weight, ModelError> {
+        let w = if take == (0..w.rows) {
+            w
+        } else {
+            w.rows_slice(take)?
+        };
+        self.bytes += w.storage_bytes();
+        Ok(w)
+    }
+
+    /// Columns `take` of every row of the `rows × cols` tensor `id`, copied out; dequantized
+    /// to f32 (with a warning) when `take` does not fall on the type's block boundaries.
+    fn cols(
+        &mut self,
+        id: TensorId,
+        (rows, cols): (usize, usize),
+        take: Range<usize>,
+    ) -> Result<Weight, ModelError> {
+        let w = self.source.require_shape(id, rows, cols)?;
+        let w = if take == (0..cols) {
+            w
+        } else {
+            if !w.cols_aligned(&take) {
+                if !self.warned.contains(&discriminant(&id)) {
+                    self.warned.push(discriminant(&id));
+                    warn!(
+                        tensor = %w.name,
+                        dtype = %w.dtype,
+                        cols = ?take,
+                        block_elems = w.dtype.block_elems(),
+                        "column slice is not block-aligned: dequantized to f32"
+                    );
+                }
+                self.dequantized.push(w.name.clone());
+            }
+            w.cols_slice(take)?
+        };
+        self.bytes += w.storage_bytes();
+        Ok(w)
+    }
+
+    /// A column-parallel projection: rows `take` of the weight and of its bias.
+    fn column_parallel(
+        &mut self,
+        (id, bias): (TensorId, Option<TensorId>),
+        (rows, cols): (usize, usize),
+        take: Range<usize>,
+    ) -> Result<Linear, ModelError> {
+        let weight = self.rows(id, (rows, cols), take.clone())?;
+        let bias = match bias {
+            // A bias is one row: its slice is a column range.
+            Some(b) => Some(self.cols(b, (1, rows), take)?.to_f32()?),
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A row-parallel projection (no bias in this family): columns `take` of every row.
+    fn row_parallel(
+        &mut self,
+        id: TensorId,
+        (rows, cols): (usize, usize),
+        take: Range<usize>,
+    ) -> Result<Linear, ModelError> {
+        let weight = self.cols(id, (rows, cols), take)?;
+        Ok(Linear { weight, bias: None })
+    }
+
+    fn layer(&mut self, l: usize, c: &ModelConfig, plan: &RankPlan) -> Result<Layer, ModelError> {
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_rows, kv_rows) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
         let bias = |id: TensorId| c.attention_bias.then_some(id);
-        let norm = |id: TensorId| source.require_shape(id, 1, hidden)?.to_f32();
+        Ok(Layer {
+            attn_norm: self.norm(TensorId::AttnNorm(l), hidden)?,
+            q: self.column_parallel(
+                (TensorId::Q(l), bias(TensorId::QBias(l))),
+                (q_rows, hidden),
+                plan.q_rows(hd),
+            )?,
+            k: self.column_parallel(
+                (TensorId::K(l), bias(TensorId::KBias(l))),
+                (kv_rows, hidden),
+                plan.kv_rows(hd),
+            )?,
+            v: self.column_parallel(
+                (TensorId::V(l), bias(TensorId::VBias(l))),
+                (kv_rows, hidden),
+                plan.kv_rows(hd),
+            )?,
+            o: self.row_parallel(TensorId::O(l), (hidden, q_rows), plan.q_rows(hd))?,
+            ffn_norm: self.norm(TensorId::FfnNorm(l), hidden)?,
+            gate: self.column_parallel(
+                (TensorId::Gate(l), None),
+                (inter, hidden),
+                plan.mlp_rows.clone(),
+            )?,
+            up: self.column_parallel(
+                (TensorId::Up(l), None),
+                (inter, hidden),
+                plan.mlp_rows.clone(),
+            )?,
+            down: self.row_parallel(TensorId::Down(l), (hidden, inter), plan.mlp_rows.clone())?,
+        })
+    }
+}
+
+impl Llama {
+    /// Loads (maps) every tensor the config implies, checking each shape: the whole model,
+    /// a group of one.
+    pub fn load(source: &dyn TensorSource, config: ModelConfig) -> Result<Llama, ModelError> {
+        let plans = plan_group(1, &config.shape()).map_err(|e| ModelError::Plan {
+            message: e.to_string(),
+        })?;
+        Llama::load_rank(source, config, &plans[0], 1)
+    }
+
+    /// Loads rank `plan.rank`'s slice of the model for a group of `tp` ranks (see the
+    /// module docs). Column-parallel slices borrow the map; row-parallel ones copy only
+    /// their columns. `plan` must be the one `plan_group(tp, config.shape())` gives.
+    pub fn load_rank(
+        source: &dyn TensorSource,
+        config: ModelConfig,
+        plan: &RankPlan,
+        tp: usize,
+    ) -> Result<Llama, ModelError> {
+        let sharding = Sharding::new(&config, plan, tp)?;
+        let c = &config;
+        let hidden = c.hidden_size;
+        let mut slicer = Slicer {
+            source,
+            bytes: 0,
+            dequantized: Vec::new(),
+            warned: Vec::new(),
+        };
         let layers = (0..c.num_hidden_layers)
-            .map(|l| {
-                Ok(Layer {
-                    attn_norm: norm(TensorId::AttnNorm(l))?,
-                    q: Linear::load(
-                        source,
-                        TensorId::Q(l),
-                        bias(TensorId::QBias(l)),
-                        q_rows,
-                        hidden,
-                    )?,
-                    k: Linear::load(
-                        source,
-                        TensorId::K(l),
-                        bias(TensorId::KBias(l)),
-                        kv_rows,
-                        hidden,
-                    )?,
-                    v: Linear::load(
-                        source,
-                        TensorId::V(l),
-                        bias(TensorId::VBias(l)),
-                        kv_rows,
-                        hidden,
-                    )?,
-                    o: Linear::load(source, TensorId::O(l), None, hidden, q_rows)?,
-                    ffn_norm: norm(TensorId::FfnNorm(l))?,
-                    gate: Linear::load(
-                        source,
-                        TensorId::Gate(l),
-                        None,
-                        c.intermediate_size,
-                        hidden,
-                    )?,
-                    up: Linear::load(source, TensorId::Up(l), None, c.intermediate_size, hidden)?,
-                    down: Linear::load(
-                        source,
-                        TensorId::Down(l),
-                        None,
-                        hidden,
-                        c.intermediate_size,
-                    )?,
-                })
-            })
+            .map(|l| slicer.layer(l, c, plan))
             .collect::<Result<Vec<_>, ModelError>>()?;
-        let embed = source.require_shape(TensorId::Embed, c.vocab_size, hidden)?;
+        let vocab = plan.vocab_rows.clone();
+        let embed = slicer.rows(TensorId::Embed, (c.vocab_size, hidden), vocab.clone())?;
         let lm_head = match source.get(TensorId::LmHead)? {
-            Some(w) => Some(check_shape(source.path(), w, c.vocab_size, hidden)?),
+            Some(w) => {
+                let w = check_shape(source.path(), w, c.vocab_size, hidden)?;
+                Some(slicer.keep_rows(w, vocab)?)
+            }
             None if c.tie_word_embeddings => None,
             None => {
                 return Err(ModelError::MissingTensor {
@@ -219,13 +367,24 @@ impl Llama {
                 });
             }
         };
-        let rope = Rope::new(hd, c.rope.theta, &c.rope.scaling, c.rope.pairing);
+        let final_norm = slicer.norm(TensorId::FinalNorm, hidden)?;
+        let rope = Rope::new(c.head_dim, c.rope.theta, &c.rope.scaling, c.rope.pairing);
+        info!(
+            rank = %plan.rank,
+            tp,
+            weight_bytes = slicer.bytes,
+            dequantized_tensors = slicer.dequantized.len(),
+            "model slice loaded"
+        );
         Ok(Llama {
             rope,
             embed,
             layers,
-            final_norm: norm(TensorId::FinalNorm)?,
+            final_norm,
             lm_head,
+            sharding,
+            weight_bytes: slicer.bytes,
+            dequantized: slicer.dequantized,
             config,
         })
     }
@@ -234,13 +393,48 @@ impl Llama {
         &self.config
     }
 
+    /// The slice of the model this rank holds.
+    pub fn plan(&self) -> &RankPlan {
+        &self.sharding.plan
+    }
+
+    /// Ranks in this model's tensor-parallel group.
+    pub fn tp(&self) -> usize {
+        self.sharding.tp
+    }
+
+    /// Bytes of weights this rank holds, as stored (the bytes its slice takes from the
+    /// model files, or their f32 expansion for a dequantized slice).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Tensors whose column slice fell inside quantization blocks and were dequantized to
+    /// f32 at load (empty when every slice kept its stored type).
+    pub fn dequantized_tensors(&self) -> &[String] {
+        &self.dequantized
+    }
+
+    /// The KV cache layout of this rank: its own KV heads only.
+    pub fn kv_layout(&self, block_size: usize) -> KvLayout {
+        KvLayout {
+            block_size,
+            kv_heads: self.sharding.plan.kv_heads.len(),
+            head_dim: self.config.head_dim,
+        }
+    }
+
     /// Runs `tokens` (the next positions of `seq`) through the model, appends their K/V to
-    /// the cache and returns the logits of the last token.
+    /// the cache and returns the logits of the last token over the whole vocabulary.
+    ///
+    /// Every rank of the group calls this with the same tokens; `comm` is the group's
+    /// collective ([`tessera_comm::Solo`] for tp = 1), and every rank gets the same logits.
     pub fn forward(
         &self,
         tokens: &[u32],
         seq: &mut SeqCache,
         cache: &mut KvCache,
+        comm: &mut dyn Collective,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let n = tokens.len();
@@ -257,6 +451,7 @@ impl Llama {
                 ),
             });
         }
+        self.check_group(cache, comm)?;
         let start = seq.len;
         cache.reserve(seq, start + n)?;
         let positions: Vec<usize> = (start..start + n).collect();
@@ -268,27 +463,118 @@ impl Llama {
             h: vec![0.0; n * hidden],
             ..Default::default()
         };
-        let embed = self.embed.mat();
-        for (t, x) in tokens.iter().zip(s.x.chunks_exact_mut(hidden)) {
-            embed.dequantize_row(*t as usize, x)?;
-        }
+        self.embed_tokens(tokens, &mut s.x, comm)?;
+        let plan = &self.sharding.plan;
         let pass = Pass {
             config: c,
             rope: &self.rope,
             tables,
             positions,
             visible,
+            heads: plan.heads.len(),
+            kv_heads: plan.kv_heads.len(),
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.run(l, &pass, &mut s, seq, cache)?;
+            layer.run(l, &pass, &mut s, seq, cache, comm)?;
         }
         seq.len = start + n;
         let last = &s.x[(n - 1) * hidden..];
         let mut normed = vec![0.0; hidden];
         rms_norm(last, &self.final_norm, c.rms_norm_eps, &mut normed);
+        self.logits(&normed, comm)
+    }
+
+    /// Refuses a collective or cache that does not belong to this rank's slice: a wrong
+    /// group size would deadlock or mis-sum, a wrong cache layout would scramble K/V.
+    fn check_group(&self, cache: &KvCache, comm: &dyn Collective) -> Result<(), ModelError> {
+        let plan = &self.sharding.plan;
+        if comm.world_size() != self.sharding.tp || comm.rank() != plan.rank {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "the model is rank {} of {}, the collective is rank {} of {}",
+                    plan.rank,
+                    self.sharding.tp,
+                    comm.rank(),
+                    comm.world_size()
+                ),
+            });
+        }
+        let layout = cache.layout();
+        let want = self.kv_layout(layout.block_size);
+        if layout != want {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
+                    layout.kv_heads, layout.head_dim, want.kv_heads, want.head_dim
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Vocabulary-parallel lookup: this rank's rows, zeros elsewhere, summed over the group.
+    fn embed_tokens(
+        &self,
+        tokens: &[u32],
+        x: &mut [f32],
+        comm: &mut dyn Collective,
+    ) -> Result<(), ModelError> {
+        let vocab = &self.sharding.plan.vocab_rows;
+        let embed = self.embed.mat();
+        for (t, row) in tokens
+            .iter()
+            .zip(x.chunks_exact_mut(self.config.hidden_size))
+        {
+            let t = *t as usize;
+            if vocab.contains(&t) {
+                embed.dequantize_row(t - vocab.start, row)?;
+            } else {
+                row.fill(0.0);
+            }
+        }
+        comm.all_reduce_sum(x)?;
+        Ok(())
+    }
+
+    /// Logits of this rank's vocabulary rows, gathered from every rank: parts padded with
+    /// −∞ to one length for the all-gather, then un-padded in rank order.
+    fn logits(&self, normed: &[f32], comm: &mut dyn Collective) -> Result<Vec<f32>, ModelError> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut logits = vec![0.0; c.vocab_size];
-        matmul(&head.mat(), &normed, &mut logits)?;
+        let parts = &self.sharding.vocab_parts;
+        let padded = self.config.vocab_size.div_ceil(parts.len());
+        let mut mine = vec![f32::NEG_INFINITY; padded];
+        matmul(&head.mat(), normed, &mut mine[..head.rows])?;
+        if parts.len() == 1 {
+            return Ok(mine);
+        }
+        let mut gathered = vec![0.0; padded * parts.len()];
+        comm.all_gather(&mine, &mut gathered)?;
+        let mut logits = Vec::with_capacity(self.config.vocab_size);
+        for (part, rows) in gathered.chunks_exact(padded).zip(parts) {
+            logits.extend_from_slice(&part[..rows.len()]);
+        }
         Ok(logits)
+    }
+}
+
+impl Sharding {
+    /// Checks `plan` against the group's plan for this model and keeps what forward needs.
+    fn new(config: &ModelConfig, plan: &RankPlan, tp: usize) -> Result<Sharding, ModelError> {
+        let plans = plan_group(tp, &config.shape()).map_err(|e| ModelError::Plan {
+            message: e.to_string(),
+        })?;
+        if plans.get(plan.rank.0 as usize) != Some(plan) {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "rank {}'s plan {plan:?} is not the split of this model over {tp} ranks",
+                    plan.rank
+                ),
+            });
+        }
+        Ok(Sharding {
+            tp,
+            plan: plan.clone(),
+            vocab_parts: plans.into_iter().map(|p| p.vocab_rows).collect(),
+        })
     }
 }

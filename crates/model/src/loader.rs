@@ -1,8 +1,16 @@
 //! Opens a model path — a HuggingFace directory or a GGUF file — into a runnable model
 //! with its tokenizer and chat template when the checkpoint has them.
+//!
+//! - [`load`]: weights + tokenizer + chat template (one process, tp = 1).
+//! - [`load_weights`]: the whole model's weights; [`load_rank`]: one tensor-parallel
+//!   rank's slice of them (the shard).
+//! - [`load_metadata`]: config, tokenizer and chat template without the weights (the
+//!   coordinator, which tokenizes but runs no layers).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use tessera_topology::RankPlan;
 
 use crate::chat::ChatTemplate;
 use crate::config::{ModelConfig, is_gguf_path};
@@ -12,6 +20,7 @@ use crate::gguf_source::GgufSource;
 use crate::llama::Llama;
 use crate::safetensors_source::SafetensorsSource;
 use crate::tokenizer::Tokenizer;
+use crate::weights::TensorSource;
 
 /// A model ready to generate.
 #[derive(Debug)]
@@ -35,47 +44,106 @@ impl LoadedModel {
     }
 }
 
-/// Loads the weights only (no tokenizer): enough for token-id driven runs and tests.
-pub fn load_weights(path: &Path) -> Result<Llama, ModelError> {
+/// What a model path says about the model, without its weights.
+#[derive(Debug)]
+pub struct ModelMeta {
+    pub path: PathBuf,
+    pub config: ModelConfig,
+    pub tokenizer: Option<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// A model path opened for reading: its config, and the parsed GGUF file when it is one
+/// (opening maps the file and reads its header, not its tensors).
+struct Opened {
+    config: ModelConfig,
+    gguf: Option<Arc<GgufFile>>,
+}
+
+fn open(path: &Path) -> Result<Opened, ModelError> {
     if is_gguf_path(path) {
         let file = Arc::new(GgufFile::open(path)?);
         let config = ModelConfig::from_gguf(&file)?;
-        return Llama::load(&GgufSource::new(file), config);
+        return Ok(Opened {
+            config,
+            gguf: Some(file),
+        });
     }
-    let config = ModelConfig::from_path(path)?;
-    Llama::load(&SafetensorsSource::open(path)?, config)
+    Ok(Opened {
+        config: ModelConfig::from_path(path)?,
+        gguf: None,
+    })
+}
+
+impl Opened {
+    fn source(&self, path: &Path) -> Result<Box<dyn TensorSource>, ModelError> {
+        Ok(match &self.gguf {
+            Some(file) => Box::new(GgufSource::new(Arc::clone(file))),
+            None => Box::new(SafetensorsSource::open(path)?),
+        })
+    }
+
+    fn meta(self, path: &Path) -> Result<ModelMeta, ModelError> {
+        let tokenizer = match &self.gguf {
+            Some(file) => Tokenizer::from_gguf(file).map_err(|e| tokenizer_error(path, e))?,
+            None => {
+                let tokenizer_path = path.join("tokenizer.json");
+                if tokenizer_path.exists() {
+                    Some(
+                        Tokenizer::from_file(&tokenizer_path)
+                            .map_err(|e| tokenizer_error(path, e))?,
+                    )
+                } else {
+                    None
+                }
+            }
+        };
+        let chat_template = match &tokenizer {
+            Some(t) => ChatTemplate::from_tokenizer(t).map_err(|e| ModelError::Tokenizer {
+                path: path.into(),
+                message: format!("chat template: {e}"),
+            })?,
+            None => None,
+        };
+        Ok(ModelMeta {
+            path: path.into(),
+            config: self.config,
+            tokenizer,
+            chat_template,
+        })
+    }
+}
+
+/// Loads the weights only (no tokenizer): enough for token-id driven runs and tests.
+pub fn load_weights(path: &Path) -> Result<Llama, ModelError> {
+    let opened = open(path)?;
+    let source = opened.source(path)?;
+    Llama::load(source.as_ref(), opened.config)
+}
+
+/// Loads one tensor-parallel rank's slice of the weights (no tokenizer): `plan` is this
+/// rank's entry of `plan_group(tp, config.shape())`.
+pub fn load_rank(path: &Path, plan: &RankPlan, tp: usize) -> Result<Llama, ModelError> {
+    let opened = open(path)?;
+    let source = opened.source(path)?;
+    Llama::load_rank(source.as_ref(), opened.config, plan, tp)
+}
+
+/// Reads config, tokenizer and chat template of the model at `path`; no weight is read.
+pub fn load_metadata(path: &Path) -> Result<ModelMeta, ModelError> {
+    open(path)?.meta(path)
 }
 
 /// Loads weights, tokenizer and chat template of the model at `path`.
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
-    let (llama, tokenizer) = if is_gguf_path(path) {
-        let file = Arc::new(GgufFile::open(path)?);
-        let config = ModelConfig::from_gguf(&file)?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| tokenizer_error(path, e))?;
-        (Llama::load(&GgufSource::new(file), config)?, tokenizer)
-    } else {
-        let config = ModelConfig::from_path(path)?;
-        let llama = Llama::load(&SafetensorsSource::open(path)?, config)?;
-        let tokenizer_path = path.join("tokenizer.json");
-        let tokenizer = if tokenizer_path.exists() {
-            Some(Tokenizer::from_file(&tokenizer_path).map_err(|e| tokenizer_error(path, e))?)
-        } else {
-            None
-        };
-        (llama, tokenizer)
-    };
-    let chat_template = match &tokenizer {
-        Some(t) => ChatTemplate::from_tokenizer(t).map_err(|e| ModelError::Tokenizer {
-            path: path.into(),
-            message: format!("chat template: {e}"),
-        })?,
-        None => None,
-    };
+    let opened = open(path)?;
+    let llama = Llama::load(opened.source(path)?.as_ref(), opened.config.clone())?;
+    let meta = opened.meta(path)?;
     Ok(LoadedModel {
-        path: path.into(),
+        path: meta.path,
         llama,
-        tokenizer,
-        chat_template,
+        tokenizer: meta.tokenizer,
+        chat_template: meta.chat_template,
     })
 }
 

@@ -4,12 +4,17 @@
 //! bytes from a shared memory map, so loading is lazy and a quantized model is never
 //! expanded. [`TensorSource`] hides the file format: the model asks for a [`TensorId`]
 //! and gets the tensor whatever the file calls it.
+//!
+//! Tensor parallelism cuts weights two ways: [`Weight::rows_slice`] (whole rows: a sub-range
+//! of the same map, no copy) and [`Weight::cols_slice`] (a column range of every row: the
+//! per-row byte segments copied into owned storage).
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use tessera_kernels::DType;
 use tessera_kernels::matmul::MatRef;
+use tessera_kernels::{DType, quant};
 
 use crate::error::ModelError;
 
@@ -27,8 +32,31 @@ impl Storage {
         Storage { owner, start, len }
     }
 
+    /// Bytes owned by this storage alone (a slice copied out of a map, or converted).
+    pub fn from_vec(bytes: Vec<u8>) -> Storage {
+        let len = bytes.len();
+        Storage::new(Arc::new(bytes), 0, len)
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `self[offset..offset + len]`, sharing the owner; the caller has checked the range.
+    fn sub(&self, offset: usize, len: usize) -> Storage {
+        Storage {
+            owner: Arc::clone(&self.owner),
+            start: self.start + offset,
+            len,
+        }
     }
 }
 
@@ -106,6 +134,88 @@ impl Weight {
     /// Bytes of the stored tensor.
     pub fn bytes(&self) -> &[u8] {
         self.storage.bytes()
+    }
+
+    /// Bytes of the stored tensor, without touching them.
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.len
+    }
+
+    /// Rows `rows` as a tensor of their own, sharing this one's storage (rows are
+    /// contiguous, so nothing is copied or read).
+    pub fn rows_slice(&self, rows: Range<usize>) -> Result<Weight, ModelError> {
+        if rows.start > rows.end || rows.end > self.rows {
+            return Err(self.bad_slice("rows", &rows, self.rows));
+        }
+        let row_bytes = self.storage.len / self.rows.max(1);
+        Ok(Weight {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            rows: rows.len(),
+            cols: self.cols,
+            storage: self
+                .storage
+                .sub(rows.start * row_bytes, rows.len() * row_bytes),
+        })
+    }
+
+    /// True when columns `cols` start and end on block boundaries of the stored type, so
+    /// that [`Weight::cols_slice`] keeps the type.
+    pub fn cols_aligned(&self, cols: &Range<usize>) -> bool {
+        let block = self.dtype.block_elems();
+        cols.start.is_multiple_of(block) && cols.end.is_multiple_of(block)
+    }
+
+    /// Columns `cols` of every row, copied into owned storage: in the stored type when the
+    /// range is block-aligned ([`Weight::cols_aligned`]), else dequantized to f32 (only the
+    /// blocks the range touches are read).
+    pub fn cols_slice(&self, cols: Range<usize>) -> Result<Weight, ModelError> {
+        if cols.start > cols.end || cols.end > self.cols {
+            return Err(self.bad_slice("columns", &cols, self.cols));
+        }
+        let m = self.mat();
+        let (dtype, bytes) = if self.cols_aligned(&cols) {
+            let block = self.dtype.block_elems();
+            let (bb, start) = (self.dtype.block_bytes(), cols.start / block);
+            let seg = (cols.end / block - start) * bb;
+            let mut out = Vec::with_capacity(self.rows * seg);
+            for r in 0..self.rows {
+                out.extend_from_slice(&m.row(r)[start * bb..start * bb + seg]);
+            }
+            (self.dtype, out)
+        } else {
+            let block = self.dtype.block_elems();
+            let (bb, first) = (self.dtype.block_bytes(), cols.start / block);
+            let blocks = cols.end.div_ceil(block) - first;
+            let skip = cols.start - first * block;
+            let mut values = vec![0.0f32; blocks * block];
+            let mut out = Vec::with_capacity(self.rows * cols.len() * 4);
+            for r in 0..self.rows {
+                let src = &m.row(r)[first * bb..(first + blocks) * bb];
+                quant::dequantize_row(self.dtype, src, &mut values)?;
+                for v in &values[skip..skip + cols.len()] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            (DType::F32, out)
+        };
+        let storage = Storage::from_vec(bytes);
+        Ok(Weight {
+            name: self.name.clone(),
+            dtype,
+            rows: self.rows,
+            cols: cols.len(),
+            storage,
+        })
+    }
+
+    fn bad_slice(&self, what: &str, range: &Range<usize>, len: usize) -> ModelError {
+        ModelError::Plan {
+            message: format!(
+                "tensor `{}`: {what} {range:?} are outside its {len} {what}",
+                self.name
+            ),
+        }
     }
 }
 
@@ -210,4 +320,89 @@ pub fn check_shape(path: &Path, w: Weight, rows: usize, cols: usize) -> Result<W
         });
     }
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_kernels::quant::quantize_row_q8_0;
+
+    use super::*;
+
+    fn values(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect()
+    }
+
+    fn f32_weight(rows: usize, cols: usize) -> Weight {
+        let bytes: Vec<u8> = values(rows, cols)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let storage = Storage::from_vec(bytes);
+        Weight::new(Path::new("t"), "w", DType::F32, rows, cols, storage).unwrap()
+    }
+
+    fn q8_weight(rows: usize, cols: usize) -> Weight {
+        let x = values(rows, cols);
+        let row_bytes = DType::Q8_0.row_bytes(cols).unwrap();
+        let mut bytes = vec![0u8; rows * row_bytes];
+        for (src, dst) in x.chunks(cols).zip(bytes.chunks_mut(row_bytes)) {
+            quantize_row_q8_0(src, dst).unwrap();
+        }
+        let storage = Storage::from_vec(bytes);
+        Weight::new(Path::new("t"), "w", DType::Q8_0, rows, cols, storage).unwrap()
+    }
+
+    fn cut(all: &[f32], cols: usize, rows: Range<usize>, take: Range<usize>) -> Vec<f32> {
+        all.chunks(cols)
+            .skip(rows.start)
+            .take(rows.len())
+            .flat_map(|r| r[take.clone()].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn rows_slice_shares_the_storage() {
+        let w = q8_weight(6, 64);
+        let all = w.to_f32().unwrap();
+        let s = w.rows_slice(2..5).unwrap();
+        assert_eq!((s.rows, s.cols, s.dtype), (3, 64, DType::Q8_0));
+        assert_eq!(s.storage_bytes(), 3 * 2 * 34);
+        // Same bytes, not a copy: the slice points into the parent's storage.
+        assert_eq!(s.bytes().as_ptr(), w.mat().row(2).as_ptr());
+        assert_eq!(s.to_f32().unwrap(), cut(&all, 64, 2..5, 0..64));
+        assert!(w.rows_slice(5..7).is_err());
+    }
+
+    #[test]
+    fn aligned_cols_slice_keeps_the_quantized_type() {
+        let w = q8_weight(3, 96);
+        let all = w.to_f32().unwrap();
+        assert!(w.cols_aligned(&(32..64)));
+        let s = w.cols_slice(32..64).unwrap();
+        assert_eq!((s.rows, s.cols, s.dtype), (3, 32, DType::Q8_0));
+        assert_eq!(s.storage_bytes(), 3 * 34);
+        assert_eq!(s.to_f32().unwrap(), cut(&all, 96, 0..3, 32..64));
+    }
+
+    #[test]
+    fn unaligned_cols_slice_is_dequantized_to_f32() {
+        let w = q8_weight(3, 96);
+        let all = w.to_f32().unwrap();
+        let take = 16..48;
+        assert!(!w.cols_aligned(&take));
+        let s = w.cols_slice(take.clone()).unwrap();
+        assert_eq!((s.rows, s.cols, s.dtype), (3, 32, DType::F32));
+        assert_eq!(s.to_f32().unwrap(), cut(&all, 96, 0..3, take));
+        assert!(w.cols_slice(90..97).is_err());
+    }
+
+    #[test]
+    fn float_cols_slice_copies_exact_values() {
+        let w = f32_weight(4, 10);
+        let s = w.cols_slice(3..7).unwrap();
+        assert_eq!(s.dtype, DType::F32);
+        assert_eq!(s.to_f32().unwrap(), cut(&values(4, 10), 10, 0..4, 3..7));
+    }
 }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::worker::Command;
 
 /// Where and who this shard is.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ControlConfig {
     pub group: String,
     pub rank: Rank,
@@ -47,7 +47,6 @@ pub async fn run(
     commands: mpsc::Sender<Command>,
     mut events: UnboundedReceiver<ShardMsg>,
 ) -> anyhow::Result<()> {
-    let endpoint = quic::client_endpoint(&config.credentials)?;
     let mut delay = RETRY_MIN;
     loop {
         for (peer, addr) in &config.coordinators {
@@ -56,6 +55,7 @@ pub async fn run(
                 continue;
             };
             let identity = Identity::Coordinator(*peer);
+            let endpoint = quic::client_endpoint_for(target, &config.credentials)?;
             let connection = match quic::connect(&endpoint, target, &identity).await {
                 Ok(c) => c,
                 Err(error) => {

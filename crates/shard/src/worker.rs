@@ -16,7 +16,6 @@ use tessera_comm::collective::connect::connect;
 use tessera_comm::proto::{
     Assignment, Ready, ShardMsg, StepDone, StepPlan, StepTimings, WireError,
 };
-use tessera_kernels::attention::KvLayout;
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use tessera_model::llama::Llama;
 use tessera_model::loader;
@@ -194,12 +193,9 @@ fn assign(
         collective,
     )?;
     let c = llama.config();
-    let layout = KvLayout {
-        block_size: DEFAULT_BLOCK_SIZE,
-        kv_heads: config.plan.kv_heads.len(),
-        head_dim: c.head_dim,
-    };
-    let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, config.kv_memory_bytes);
+    let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
+    let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
+    let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, budget);
     let cache = KvCache::new(layout, c.num_hidden_layers, blocks);
     info!(epoch, rank = %config.rank, kv_blocks = blocks, "joined the group");
     let ready = Ready {

@@ -12,8 +12,9 @@
 //! Every call has a deadline ([`CollectiveConfig::deadline`]). A call that misses it aborts
 //! the communicator — later calls on any rank fail at once — and the error names the rank
 //! that did not arrive. All ranks of a group must issue the same calls in the same order
-//! with the same lengths; results are bit-identical on every rank (reductions add in rank
-//! order).
+//! with the same lengths; results are bit-identical on every rank (the shared-memory and
+//! local backends add in rank order; the TCP ring reduces each chunk once, along the ring,
+//! and copies the reduced bits to every rank).
 
 use std::fmt;
 use std::time::Duration;

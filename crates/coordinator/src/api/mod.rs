@@ -1,1 +1,231 @@
-//! (being written)
+//! The OpenAI-compatible HTTP API, an axum [`Router`] over any [`Engine`].
+//!
+//! [`router`] takes an [`ApiState`]: the [`ServedModel`]s (name, tokenizer, limits) and the
+//! engine that runs validated requests. The API validates and tokenizes; nothing it hands
+//! the engine is raw input. Routes:
+//!
+//! - `GET /health`: the process is alive (`{"status": "ok"}`).
+//! - `GET /ready`: 200 when every served model has a group ready to step, else 503; the body
+//!   lists each model.
+//! - `GET /v1/models`, `GET /v1/models/{model}`: OpenAI model objects, with vLLM's
+//!   `max_model_len`.
+//! - `POST /v1/completions`: non-streaming completions ([`completions`]).
+//!
+//! Every error, including malformed JSON, a body over [`MAX_BODY_BYTES`], an unknown route
+//! or method, is answered in the OpenAI envelope by [`ApiError`]. Each request runs in a
+//! `tracing` span with its method, route, model and response id; request text is never
+//! logged. A client that disconnects drops its handler, and with it the engine's future.
+
+mod completions;
+mod error;
+mod types;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tessera_model::tokenizer::Tokenizer;
+use tracing::{Instrument, debug, field, info_span};
+
+use crate::engine::Engine;
+use types::{ModelCard, ModelList};
+
+pub use error::{ApiError, ApiErrorKind};
+
+/// Largest request body accepted: a prompt of a full 128k-token context as text is about
+/// 0.5 MiB, as a JSON array of ids about 1 MiB; 4 MiB leaves room without letting one
+/// request hold much memory.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// A model the API serves, with what validation needs to know of it.
+#[derive(Clone, Debug)]
+pub struct ServedModel {
+    /// The topology's model name: the `model` field of requests.
+    pub name: String,
+    /// `None`: prompts must be token ids and responses carry no text.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// Ids that end generation unless the request sets `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// Prompt plus completion tokens one sequence may hold.
+    pub context_tokens: usize,
+    /// Token ids run from 0 to `vocab_size - 1`.
+    pub vocab_size: usize,
+    /// Unix seconds, for the model object's `created`.
+    pub created: u64,
+}
+
+/// What the API's handlers share.
+pub struct ApiState {
+    /// Looked up by name; the first of two with the same name wins.
+    pub models: Vec<ServedModel>,
+    pub engine: Arc<dyn Engine>,
+}
+
+impl fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiState")
+            .field("models", &self.models)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    fn model(&self, name: &str) -> Option<&ServedModel> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// The API's routes over `state`.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*model}", get(retrieve_model))
+        .route("/v1/completions", post(completions::create_completion))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(trace_request))
+        .with_state(Arc::new(state))
+}
+
+/// A JSON body whose rejections (wrong content type, bad syntax, wrong shape, too large)
+/// are [`ApiError`]s in the OpenAI envelope instead of axum's plain text.
+#[derive(Debug)]
+pub(crate) struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let result: Result<Json<T>, JsonRejection> = Json::from_request(request, state).await;
+        result
+            .map(|Json(value)| ApiJson(value))
+            .map_err(ApiError::from)
+    }
+}
+
+/// One span per request. The route is the matched pattern, not the path, so that nothing
+/// the client wrote reaches the logs.
+async fn trace_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let span = info_span!(
+        "http_request",
+        method = %request.method(),
+        route,
+        model = field::Empty,
+        request_id = field::Empty,
+    );
+    async move {
+        let start = Instant::now();
+        let response = next.run(request).await;
+        let elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        debug!(
+            status = response.status().as_u16(),
+            elapsed_ms, "request done"
+        );
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+#[derive(Serialize)]
+struct Readiness<'a> {
+    status: &'static str,
+    models: Vec<ModelReadiness<'a>>,
+}
+
+#[derive(Serialize)]
+struct ModelReadiness<'a> {
+    id: &'a str,
+    ready: bool,
+}
+
+async fn ready(State(state): State<Arc<ApiState>>) -> Response {
+    let models: Vec<ModelReadiness<'_>> = state
+        .models
+        .iter()
+        .map(|m| ModelReadiness {
+            id: &m.name,
+            ready: state.engine.ready(&m.name),
+        })
+        .collect();
+    let all_ready = models.iter().all(|m| m.ready);
+    let (status, word) = if all_ready {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    };
+    let body = Readiness {
+        status: word,
+        models,
+    };
+    (status, Json(body)).into_response()
+}
+
+fn model_card(model: &ServedModel) -> ModelCard {
+    ModelCard {
+        id: model.name.clone(),
+        object: "model",
+        created: model.created,
+        owned_by: "tessera",
+        max_model_len: model.context_tokens,
+    }
+}
+
+async fn list_models(State(state): State<Arc<ApiState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: state.models.iter().map(model_card).collect(),
+    })
+}
+
+async fn retrieve_model(
+    State(state): State<Arc<ApiState>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let Path(name) =
+        name.map_err(|e| ApiError::new(ApiErrorKind::InvalidRequest, e.body_text()))?;
+    state
+        .model(&name)
+        .map(|m| Json(model_card(m)))
+        .ok_or_else(|| ApiError::model_not_found(&name))
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        ApiErrorKind::NotFound,
+        format!("invalid URL ({method} {})", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        ApiErrorKind::MethodNotAllowed,
+        format!("method {method} is not allowed for {}", uri.path()),
+    )
+}

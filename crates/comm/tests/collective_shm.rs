@@ -1,0 +1,335 @@
+//! The shared-memory collective with ranks as threads: results against a sequential
+//! reference, identical bits on every rank, deadlines, authentication and dropped peers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tessera_comm::collective::connect::connect;
+use tessera_comm::collective::shm::ShmCollective;
+use tessera_comm::collective::{CollectiveConfig, Op};
+use tessera_comm::proto::Bootstrap;
+use tessera_comm::{Collective, CollectiveError, GroupToken};
+use tessera_topology::Rank;
+
+/// Small, so that the 1 Mi-element payloads below also exercise chunking.
+const CAPACITY_ELEMS: usize = 64 * 1024;
+const SHORT: Duration = Duration::from_millis(300);
+/// Slack for a loaded 2-core test machine on top of a deadline.
+const MARGIN: Duration = Duration::from_millis(1500);
+
+fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("tessera-test-{tag}-{}-{n}", std::process::id())
+}
+
+fn config(deadline: Duration) -> CollectiveConfig {
+    CollectiveConfig {
+        deadline,
+        ..CollectiveConfig::default()
+    }
+}
+
+/// Runs `body` on one thread per rank, each with its own communicator.
+fn on_ranks<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(ShmCollective) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let name = unique_name("ops");
+    let token = GroupToken([3; 32]);
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let (name, token, body) = (name.clone(), token.clone(), Arc::clone(&body));
+            thread::spawn(move || {
+                let c = ShmCollective::join(
+                    &name,
+                    Rank(r as u32),
+                    world,
+                    &token,
+                    CAPACITY_ELEMS,
+                    config(Duration::from_secs(10)),
+                )
+                .expect("join");
+                body(c)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank"))
+        .collect()
+}
+
+/// Integer-valued data: every summation order gives the exact sum.
+fn input(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7 + rank * 13) % 101) as f32 - 50.0)
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+const SIZES: [usize; 5] = [1, 7, 1000, 1001, (1 << 20) + 3];
+
+#[test]
+fn all_reduce_matches_the_reference_on_every_rank() {
+    for world in [2, 3, 4] {
+        for len in SIZES {
+            let results = on_ranks(world, move |mut c| {
+                let mut data = input(c.rank().0 as usize, len);
+                c.all_reduce_sum(&mut data).unwrap();
+                data
+            });
+            let mut expected = vec![0.0f32; len];
+            for r in 0..world {
+                expected
+                    .iter_mut()
+                    .zip(input(r, len))
+                    .for_each(|(e, x)| *e += x);
+            }
+            for (r, got) in results.iter().enumerate() {
+                assert!(got == &expected, "world {world} len {len} rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_adds_in_rank_order_with_identical_bits() {
+    // Values whose sum depends on the order of addition, one-round and two-round sizes.
+    for len in [5, 100_003] {
+        let results = on_ranks(3, move |mut c| {
+            let r = c.rank().0 as f32;
+            let mut data: Vec<f32> = (0..len)
+                .map(|i| [1e8 * (1.0 - r), 1.0 + r, 0.1 * r + i as f32 * 1e-3][i % 3])
+                .collect();
+            let once = {
+                let mut d = data.clone();
+                c.all_reduce_sum(&mut d).unwrap();
+                d
+            };
+            for _ in 0..5 {
+                c.all_reduce_sum(&mut data).unwrap();
+                data.iter_mut().for_each(|x| *x /= 3.0);
+            }
+            (once, data)
+        });
+        for (once, data) in &results[1..] {
+            assert_eq!(bits(once), bits(&results[0].0));
+            assert_eq!(bits(data), bits(&results[0].1));
+        }
+        // ((1e8 + 0) + -1e8) in rank order.
+        assert_eq!(results[0].0[0], (1e8f32 + 0.0) + -1e8);
+        assert_eq!(results[0].0[1], 6.0);
+    }
+}
+
+#[test]
+fn all_gather_and_broadcast_match_the_reference() {
+    for world in [2, 3, 4] {
+        for len in SIZES {
+            let results = on_ranks(world, move |mut c| {
+                let r = c.rank().0 as usize;
+                let mut out = vec![0.0; len * world];
+                c.all_gather(&input(r, len), &mut out).unwrap();
+                let mut bytes = vec![r as u8; len];
+                c.broadcast(&mut bytes, Rank(world as u32 - 1)).unwrap();
+                c.barrier().unwrap();
+                (out, bytes, c.stats().calls)
+            });
+            let expected: Vec<f32> = (0..world).flat_map(|r| input(r, len)).collect();
+            for (out, bytes, calls) in results {
+                assert!(out == expected, "world {world} len {len}");
+                assert!(bytes.iter().all(|&b| b as usize == world - 1));
+                assert_eq!(calls, 3);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_rank_times_out_by_name_and_aborts_the_group() {
+    let name = unique_name("timeout");
+    let token = GroupToken([1; 32]);
+    let joins: Vec<_> = (0..3u32)
+        .map(|r| {
+            let (name, token) = (name.clone(), token.clone());
+            thread::spawn(move || {
+                ShmCollective::join(&name, Rank(r), 3, &token, 1024, config(SHORT)).unwrap()
+            })
+        })
+        .collect();
+    let mut ranks: Vec<_> = joins.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut late = ranks.pop().unwrap();
+    let started = Instant::now();
+    let waiters: Vec<_> = ranks
+        .into_iter()
+        .map(|mut c| thread::spawn(move || (c.all_reduce_sum(&mut [1.0; 10]), c)))
+        .collect();
+    let errors: Vec<_> = waiters
+        .into_iter()
+        .map(|h| h.join().unwrap().0.unwrap_err())
+        .collect();
+    assert!(
+        started.elapsed() < SHORT + MARGIN,
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        errors.iter().any(|e| matches!(
+            e,
+            CollectiveError::Timeout {
+                op: Op::AllReduce,
+                missing: Rank(2),
+                ..
+            }
+        )),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().all(|e| matches!(
+            e,
+            CollectiveError::Timeout { .. } | CollectiveError::Aborted { .. }
+        )),
+        "{errors:?}"
+    );
+    let started = Instant::now();
+    let err = late.barrier().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CollectiveError::Aborted {
+                op: Op::Barrier,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < SHORT);
+}
+
+#[test]
+fn a_wrong_token_is_unauthenticated() {
+    let name = unique_name("token");
+    let good = {
+        let name = name.clone();
+        thread::spawn(move || {
+            ShmCollective::join(&name, Rank(0), 2, &GroupToken([1; 32]), 64, config(SHORT))
+        })
+    };
+    let bad = ShmCollective::join(&name, Rank(1), 2, &GroupToken([2; 32]), 64, config(SHORT));
+    assert!(
+        matches!(
+            bad,
+            Err(CollectiveError::Unauthenticated { op: Op::Connect })
+        ),
+        "{bad:?}"
+    );
+    let good = good.join().unwrap();
+    assert!(
+        matches!(
+            good,
+            Err(CollectiveError::Timeout {
+                op: Op::Connect,
+                missing: Rank(1),
+                ..
+            })
+        ),
+        "{good:?}"
+    );
+}
+
+#[test]
+fn a_dropped_peer_fails_the_others_without_waiting_for_the_deadline() {
+    let long = Duration::from_secs(20);
+    let name = unique_name("drop");
+    let token = GroupToken([5; 32]);
+    let peer = {
+        let (name, token) = (name.clone(), token.clone());
+        thread::spawn(move || {
+            let mut c = ShmCollective::join(&name, Rank(1), 2, &token, 64, config(long)).unwrap();
+            c.all_reduce_sum(&mut [1.0; 100]).unwrap();
+            // Dropped mid-way: rank 0 makes a second call.
+        })
+    };
+    let mut c = ShmCollective::join(&name, Rank(0), 2, &token, 64, config(long)).unwrap();
+    let mut data = [2.0; 100];
+    c.all_reduce_sum(&mut data).unwrap();
+    assert_eq!(data, [3.0; 100]);
+    peer.join().unwrap();
+    let started = Instant::now();
+    let err = c.all_reduce_sum(&mut data).unwrap_err();
+    assert_eq!(
+        err,
+        CollectiveError::PeerClosed {
+            op: Op::AllReduce,
+            peer: Rank(1)
+        }
+    );
+    assert!(started.elapsed() < MARGIN);
+}
+
+#[test]
+fn mismatched_calls_are_refused() {
+    let results = on_ranks(2, |mut c| {
+        let mut data = vec![0.0; 2 + c.rank().0 as usize];
+        c.all_reduce_sum(&mut data)
+    });
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CollectiveError::BadLength { .. }))),
+        "{results:?}"
+    );
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+}
+
+#[test]
+fn connect_picks_the_backend_from_the_bootstrap() {
+    let token = GroupToken([9; 32]);
+    let mut solo = connect(
+        &Bootstrap::Solo,
+        Rank(0),
+        1,
+        &token,
+        CollectiveConfig::default(),
+    )
+    .unwrap();
+    let mut data = [1.5];
+    solo.all_reduce_sum(&mut data).unwrap();
+    assert_eq!(data, [1.5]);
+    assert!(
+        connect(
+            &Bootstrap::Solo,
+            Rank(0),
+            2,
+            &token,
+            CollectiveConfig::default()
+        )
+        .is_err()
+    );
+
+    let bootstrap = Bootstrap::Shm {
+        name: unique_name("connect"),
+    };
+    let other = {
+        let (bootstrap, token) = (bootstrap.clone(), token.clone());
+        thread::spawn(move || {
+            let mut c =
+                connect(&bootstrap, Rank(1), 2, &token, CollectiveConfig::default()).unwrap();
+            let mut data = [2.0f32; 3];
+            c.all_reduce_sum(&mut data).unwrap();
+            data
+        })
+    };
+    let mut c = connect(&bootstrap, Rank(0), 2, &token, CollectiveConfig::default()).unwrap();
+    let mut data = [1.0f32; 3];
+    c.all_reduce_sum(&mut data).unwrap();
+    assert_eq!(data, [3.0; 3]);
+    assert_eq!(other.join().unwrap(), [3.0; 3]);
+}

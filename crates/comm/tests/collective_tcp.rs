@@ -1,0 +1,274 @@
+//! The TCP ring with ranks as threads on loopback: results against a sequential reference,
+//! identical bits on every rank, deadlines, authentication and dropped peers.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tessera_comm::collective::tcp::TcpRing;
+use tessera_comm::collective::{CollectiveConfig, Op};
+use tessera_comm::{Collective, CollectiveError, GroupToken};
+use tessera_topology::Rank;
+
+const SHORT: Duration = Duration::from_millis(300);
+/// Slack for a loaded 2-core test machine on top of a deadline.
+const MARGIN: Duration = Duration::from_millis(1500);
+
+fn config(deadline: Duration) -> CollectiveConfig {
+    CollectiveConfig {
+        deadline,
+        ..CollectiveConfig::default()
+    }
+}
+
+/// `world` loopback addresses with ports the OS just handed out.
+fn peers(world: usize) -> Vec<String> {
+    let listeners: Vec<_> = (0..world)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect()
+}
+
+fn spawn_rank(
+    r: u32,
+    peers: &[String],
+    token: &GroupToken,
+    config: CollectiveConfig,
+) -> thread::JoinHandle<Result<TcpRing, CollectiveError>> {
+    let (peers, token) = (peers.to_vec(), token.clone());
+    thread::spawn(move || TcpRing::connect(Rank(r), &peers, &token, config))
+}
+
+fn on_ranks<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(TcpRing) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let peers = peers(world);
+    let token = GroupToken([3; 32]);
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let (peers, token, body) = (peers.clone(), token.clone(), Arc::clone(&body));
+            thread::spawn(move || {
+                let c = TcpRing::connect(
+                    Rank(r as u32),
+                    &peers,
+                    &token,
+                    config(Duration::from_secs(10)),
+                )
+                .expect("connect");
+                body(c)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank"))
+        .collect()
+}
+
+fn input(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7 + rank * 13) % 101) as f32 - 50.0)
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+const SIZES: [usize; 5] = [1, 7, 1000, 1001, (1 << 20) + 3];
+
+#[test]
+fn all_reduce_matches_the_reference_on_every_rank() {
+    for world in [2, 3, 4] {
+        for len in SIZES {
+            let results = on_ranks(world, move |mut c| {
+                let mut data = input(c.rank().0 as usize, len);
+                c.all_reduce_sum(&mut data).unwrap();
+                data
+            });
+            let mut expected = vec![0.0f32; len];
+            for r in 0..world {
+                expected
+                    .iter_mut()
+                    .zip(input(r, len))
+                    .for_each(|(e, x)| *e += x);
+            }
+            for (r, got) in results.iter().enumerate() {
+                assert!(got == &expected, "world {world} len {len} rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_gives_identical_bits_on_every_rank() {
+    let results = on_ranks(4, |mut c| {
+        let r = c.rank().0 as f32;
+        let mut data: Vec<f32> = (0..1003)
+            .map(|i| [1e8 * (1.0 - r), 1.0 + r, 0.1 * r + i as f32 * 1e-3][i % 3])
+            .collect();
+        for _ in 0..5 {
+            c.all_reduce_sum(&mut data).unwrap();
+            data.iter_mut().for_each(|x| *x /= 3.0);
+        }
+        data
+    });
+    for data in &results[1..] {
+        assert_eq!(bits(data), bits(&results[0]));
+    }
+}
+
+#[test]
+fn all_gather_and_broadcast_match_the_reference() {
+    for world in [2, 3, 4] {
+        for len in SIZES {
+            let results = on_ranks(world, move |mut c| {
+                let r = c.rank().0 as usize;
+                let mut out = vec![0.0; len * world];
+                c.all_gather(&input(r, len), &mut out).unwrap();
+                let mut bytes = vec![r as u8; len];
+                c.broadcast(&mut bytes, Rank(1)).unwrap();
+                c.barrier().unwrap();
+                (out, bytes, c.stats().calls)
+            });
+            let expected: Vec<f32> = (0..world).flat_map(|r| input(r, len)).collect();
+            for (out, bytes, calls) in results {
+                assert!(out == expected, "world {world} len {len}");
+                assert!(bytes.iter().all(|&b| b == 1));
+                assert_eq!(calls, 3);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_rank_times_out_by_name() {
+    let (peers, token) = (peers(3), GroupToken([1; 32]));
+    let joins: Vec<_> = (0..3)
+        .map(|r| spawn_rank(r, &peers, &token, config(SHORT)))
+        .collect();
+    let mut ranks: Vec<_> = joins
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    let mut late = ranks.pop().unwrap();
+    let started = Instant::now();
+    let waiters: Vec<_> = ranks
+        .into_iter()
+        .map(|mut c| thread::spawn(move || (c.all_reduce_sum(&mut [1.0; 10]), c)))
+        .collect();
+    let errors: Vec<_> = waiters
+        .into_iter()
+        .map(|h| h.join().unwrap().0.unwrap_err())
+        .collect();
+    assert!(
+        started.elapsed() < SHORT + MARGIN,
+        "{:?}",
+        started.elapsed()
+    );
+    // Rank 0 receives from rank 2, which never sends.
+    assert!(
+        matches!(
+            errors[0],
+            CollectiveError::Timeout {
+                op: Op::AllReduce,
+                missing: Rank(2),
+                ..
+            }
+        ),
+        "{errors:?}"
+    );
+    assert!(errors[1].culprit().is_some(), "{errors:?}");
+    // The late rank finds the ring closed at once.
+    let started = Instant::now();
+    assert!(late.barrier().is_err());
+    assert!(started.elapsed() < MARGIN);
+}
+
+#[test]
+fn a_wrong_token_is_unauthenticated() {
+    let peers = peers(2);
+    let good = spawn_rank(0, &peers, &GroupToken([1; 32]), config(SHORT));
+    let bad = spawn_rank(1, &peers, &GroupToken([2; 32]), config(SHORT));
+    for result in [good.join().unwrap(), bad.join().unwrap()] {
+        assert!(
+            matches!(
+                result,
+                Err(CollectiveError::Unauthenticated { op: Op::Connect })
+            ),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_never_listens_times_out_by_name() {
+    let peers = peers(2);
+    let started = Instant::now();
+    let result = TcpRing::connect(Rank(0), &peers, &GroupToken([1; 32]), config(SHORT));
+    assert!(
+        matches!(
+            result,
+            Err(CollectiveError::Timeout {
+                op: Op::Connect,
+                missing: Rank(1),
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < SHORT + MARGIN);
+}
+
+#[test]
+fn a_dropped_peer_fails_the_others_without_a_hang() {
+    let long = Duration::from_secs(20);
+    let (peers, token) = (peers(3), GroupToken([5; 32]));
+    let joins: Vec<_> = (0..3)
+        .map(|r| spawn_rank(r, &peers, &token, config(long)))
+        .collect();
+    let mut ranks: Vec<_> = joins
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    let dropped = ranks.pop().unwrap();
+    let started = Instant::now();
+    let workers: Vec<_> = ranks
+        .into_iter()
+        .map(|mut c| thread::spawn(move || c.all_reduce_sum(&mut vec![1.0; 100_000])))
+        .collect();
+    thread::sleep(Duration::from_millis(20));
+    drop(dropped);
+    for w in workers {
+        let err = w.join().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CollectiveError::PeerClosed { .. } | CollectiveError::Aborted { .. }
+            ),
+            "{err:?}"
+        );
+    }
+    assert!(started.elapsed() < MARGIN);
+}
+
+#[test]
+fn mismatched_calls_are_refused() {
+    let results = on_ranks(2, |mut c| {
+        let mut data = vec![0.0; 2 + c.rank().0 as usize];
+        c.all_reduce_sum(&mut data)
+    });
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CollectiveError::BadLength { .. }))),
+        "{results:?}"
+    );
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+}

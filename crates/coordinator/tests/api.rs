@@ -1,0 +1,747 @@
+//! The HTTP API over a mock engine: routes, validation, the error envelope, and the
+//! requests the engine receives. The router is called in process (`oneshot`), no socket.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
+use tessera_coordinator::api::{self, ApiState, MAX_BODY_BYTES, ServedModel};
+use tessera_coordinator::engine::{BoxFuture, Engine, GenerateOutput, GenerateRequest};
+use tessera_model::tokenizer::Tokenizer;
+
+const TEXT_MODEL: &str = "tiny-spm";
+const IDS_MODEL: &str = "ids-only";
+const IDS_VOCAB: usize = 100;
+const IDS_EOS: u32 = 2;
+const CONTEXT_TOKENS: usize = 64;
+
+/// What the mock answers.
+#[derive(Clone, Debug)]
+enum Reply {
+    /// The first `k` prompt tokens, finishing by length.
+    EchoPrompt(usize),
+    Fail(WireError),
+}
+
+/// Records every request and answers as told.
+#[derive(Debug)]
+struct MockEngine {
+    reply: Reply,
+    ready: bool,
+    requests: Mutex<Vec<GenerateRequest>>,
+}
+
+impl MockEngine {
+    fn new(reply: Reply) -> Arc<MockEngine> {
+        Arc::new(MockEngine {
+            reply,
+            ready: true,
+            requests: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn requests(&self) -> Vec<GenerateRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    fn last(&self) -> GenerateRequest {
+        self.requests().pop().expect("the engine got no request")
+    }
+}
+
+impl Engine for MockEngine {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<GenerateOutput, WireError>> {
+        self.requests.lock().unwrap().push(request.clone());
+        let reply = self.reply.clone();
+        Box::pin(async move {
+            match reply {
+                Reply::EchoPrompt(k) => Ok(GenerateOutput {
+                    tokens: request.prompt.iter().copied().take(k).collect(),
+                    finish: FinishReason::Length,
+                }),
+                Reply::Fail(error) => Err(error),
+            }
+        })
+    }
+
+    fn ready(&self, _model: &str) -> bool {
+        self.ready
+    }
+}
+
+fn tokenizer() -> Arc<Tokenizer> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/tokenizers/tiny-spm/tokenizer.json");
+    Arc::new(Tokenizer::from_file(path).expect("the tiny-spm fixture loads"))
+}
+
+fn models() -> Vec<ServedModel> {
+    let tok = tokenizer();
+    vec![
+        ServedModel {
+            name: TEXT_MODEL.to_string(),
+            eos_token_ids: tok.eos_token_ids().to_vec(),
+            vocab_size: tok.vocab_size(),
+            tokenizer: Some(tok),
+            context_tokens: CONTEXT_TOKENS,
+            created: 1_700_000_000,
+        },
+        ServedModel {
+            name: IDS_MODEL.to_string(),
+            tokenizer: None,
+            eos_token_ids: vec![IDS_EOS],
+            context_tokens: CONTEXT_TOKENS,
+            vocab_size: IDS_VOCAB,
+            created: 1_700_000_001,
+        },
+    ]
+}
+
+fn app(engine: Arc<MockEngine>) -> Router {
+    api::router(ApiState {
+        models: models(),
+        engine,
+    })
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Value,
+}
+
+async fn send(app: Router, request: Request<Body>) -> Answer {
+    use tower::ServiceExt;
+    let response = app
+        .oneshot(request)
+        .await
+        .expect("the router is infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "status {status}: body is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn get(app: Router, path: &str) -> Answer {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+async fn post_raw(app: Router, content_type: Option<&str>, body: impl Into<Body>) -> Answer {
+    let mut builder = Request::post("/v1/completions");
+    if let Some(ct) = content_type {
+        builder = builder.header(header::CONTENT_TYPE, ct);
+    }
+    send(app, builder.body(body.into()).unwrap()).await
+}
+
+async fn complete(app: Router, body: Value) -> Answer {
+    post_raw(app, Some("application/json"), body.to_string()).await
+}
+
+/// Asserts the OpenAI error envelope with this status, type and param.
+#[track_caller]
+fn assert_error(reply: &Answer, status: u16, error_type: &str, param: Option<&str>) -> String {
+    assert_eq!(reply.status.as_u16(), status, "{}", reply.body);
+    let error = &reply.body["error"];
+    assert_eq!(error["type"], error_type, "{}", reply.body);
+    assert_eq!(error["param"].as_str(), param, "{}", reply.body);
+    assert!(error.get("code").is_some(), "{}", reply.body);
+    error["message"]
+        .as_str()
+        .expect("the message is a string")
+        .to_string()
+}
+
+#[tokio::test]
+async fn health_is_ok() {
+    let reply = get(app(MockEngine::new(Reply::EchoPrompt(1))), "/health").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn ready_follows_the_engine() {
+    let reply = get(app(MockEngine::new(Reply::EchoPrompt(1))), "/ready").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body["status"], "ready");
+
+    let engine = Arc::new(MockEngine {
+        reply: Reply::EchoPrompt(1),
+        ready: false,
+        requests: Mutex::new(Vec::new()),
+    });
+    let reply = get(app(engine), "/ready").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.body["models"][1],
+        json!({"id": IDS_MODEL, "ready": false})
+    );
+}
+
+#[tokio::test]
+async fn models_are_listed_openai_style() {
+    let reply = get(app(MockEngine::new(Reply::EchoPrompt(1))), "/v1/models").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.body,
+        json!({"object": "list", "data": [
+            {"id": TEXT_MODEL, "object": "model", "created": 1_700_000_000u64,
+             "owned_by": "tessera", "max_model_len": CONTEXT_TOKENS},
+            {"id": IDS_MODEL, "object": "model", "created": 1_700_000_001u64,
+             "owned_by": "tessera", "max_model_len": CONTEXT_TOKENS},
+        ]})
+    );
+    let reply = get(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        "/v1/models/ids-only",
+    )
+    .await;
+    assert_eq!(reply.body["id"], IDS_MODEL);
+    let reply = get(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        "/v1/models/org/nope",
+    )
+    .await;
+    assert_error(&reply, 404, "invalid_request_error", Some("model"));
+    assert_eq!(reply.body["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn text_prompt_round_trip() {
+    let tok = tokenizer();
+    let prompt = "Hello world, this is a test.";
+    let expected = tok.encode(prompt, true).unwrap();
+    assert!(tok.add_bos_token());
+    assert_eq!(Some(expected[0]), tok.bos_token_id(), "BOS comes first");
+
+    let engine = MockEngine::new(Reply::EchoPrompt(4));
+    let reply = complete(
+        app(engine.clone()),
+        json!({"model": TEXT_MODEL, "prompt": prompt, "max_tokens": 5,
+               "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = &reply.body;
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["model"], TEXT_MODEL);
+    let id = body["id"].as_str().unwrap();
+    assert!(id.starts_with("cmpl-") && id.len() == 5 + 32, "{id}");
+    assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
+    assert_eq!(body["prompt_token_ids"], json!(expected));
+
+    let generated = &expected[..4];
+    let choice = &body["choices"][0];
+    assert_eq!(body["choices"].as_array().unwrap().len(), 1);
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["text"], tok.decode(generated, true).unwrap());
+    assert!(!choice["text"].as_str().unwrap().contains("<s>"));
+    assert_eq!(choice["logprobs"], Value::Null);
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["token_ids"], json!(generated));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": expected.len(), "completion_tokens": 4,
+               "total_tokens": expected.len() + 4})
+    );
+
+    let request = engine.last();
+    assert_eq!(request.model, TEXT_MODEL);
+    assert_eq!(request.prompt, expected);
+    assert_eq!(request.max_tokens, 5);
+    assert_eq!(request.stop_token_ids, tok.eos_token_ids());
+}
+
+#[tokio::test]
+async fn token_ids_are_only_returned_when_asked() {
+    let reply = complete(
+        app(MockEngine::new(Reply::EchoPrompt(2))),
+        json!({"model": TEXT_MODEL, "prompt": "Hello"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply.body.get("prompt_token_ids").is_none(),
+        "{}",
+        reply.body
+    );
+    assert!(reply.body["choices"][0].get("token_ids").is_none());
+}
+
+#[tokio::test]
+async fn token_prompt_without_tokenizer() {
+    let engine = MockEngine::new(Reply::EchoPrompt(3));
+    for prompt in [json!([5, 6, 7, 8]), json!([[5, 6, 7, 8]])] {
+        let reply = complete(
+            app(engine.clone()),
+            json!({"model": IDS_MODEL, "prompt": prompt, "return_token_ids": true}),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let choice = &reply.body["choices"][0];
+        assert_eq!(choice["text"], "");
+        assert_eq!(choice["token_ids"], json!([5, 6, 7]));
+        assert_eq!(reply.body["prompt_token_ids"], json!([5, 6, 7, 8]));
+        assert_eq!(engine.last().prompt, vec![5, 6, 7, 8]);
+    }
+    // One string in an array is a text prompt.
+    let reply = complete(
+        app(engine.clone()),
+        json!({"model": TEXT_MODEL, "prompt": ["Hello"]}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(
+        engine.last().prompt,
+        tokenizer().encode("Hello", true).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn sampling_defaults_and_values_reach_the_engine() {
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    let reply = complete(
+        app(engine.clone()),
+        json!({"model": IDS_MODEL, "prompt": [1]}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let first = engine.last();
+    assert_eq!(first.max_tokens, 16);
+    // OpenAI's default temperature is 1.
+    assert_eq!(first.sampling.temperature, 1.0);
+    assert_eq!(first.sampling.top_p, 1.0);
+    assert_eq!(first.sampling.top_k, 0);
+
+    complete(
+        app(engine.clone()),
+        json!({"model": IDS_MODEL, "prompt": [1]}),
+    )
+    .await;
+    assert_ne!(
+        engine.last().sampling.seed,
+        first.sampling.seed,
+        "a seed is drawn per request"
+    );
+
+    let reply = complete(
+        app(engine.clone()),
+        json!({"model": IDS_MODEL, "prompt": [1], "temperature": 0, "top_p": 0.5,
+               "top_k": 40, "min_p": 0.1, "repetition_penalty": 1.1,
+               "presence_penalty": -0.5, "frequency_penalty": 0.5, "seed": 42,
+               "max_tokens": 3, "n": 1, "user": "u"}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let s = engine.last().sampling;
+    assert_eq!(
+        (s.temperature, s.top_p, s.top_k, s.min_p, s.seed),
+        (0.0, 0.5, 40, 0.1, 42)
+    );
+    assert_eq!(
+        (
+            s.repetition_penalty,
+            s.presence_penalty,
+            s.frequency_penalty
+        ),
+        (1.1, -0.5, 0.5)
+    );
+}
+
+#[tokio::test]
+async fn stop_ids_and_ignore_eos_reach_the_engine() {
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    let body = json!({"model": IDS_MODEL, "prompt": [1], "stop_token_ids": [9, IDS_EOS, 9]});
+    complete(app(engine.clone()), body).await;
+    assert_eq!(engine.last().stop_token_ids, vec![IDS_EOS, 9]);
+
+    let body = json!({"model": IDS_MODEL, "prompt": [1], "stop_token_ids": [9],
+                      "ignore_eos": true});
+    complete(app(engine.clone()), body).await;
+    assert_eq!(engine.last().stop_token_ids, vec![9]);
+
+    let body = json!({"model": IDS_MODEL, "prompt": [1], "ignore_eos": true});
+    complete(app(engine.clone()), body).await;
+    assert!(engine.last().stop_token_ids.is_empty());
+}
+
+#[tokio::test]
+async fn unknown_fields_and_nulls_are_accepted() {
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    let body = json!({"model": IDS_MODEL, "prompt": [1], "stream_options": {"x": 1},
+                      "metadata": [1, 2], "max_tokens": null, "temperature": null,
+                      "stop": null, "logprobs": null, "echo": false, "best_of": 1,
+                      "suffix": "", "logit_bias": {}});
+    let reply = complete(app(engine.clone()), body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(engine.last().max_tokens, 16);
+}
+
+#[tokio::test]
+async fn invalid_requests_are_400_with_param() {
+    let long_prompt: Vec<u32> = vec![1; CONTEXT_TOKENS];
+    // (body, status, param, words the message must contain)
+    let cases: Vec<(Value, u16, Option<&str>, &[&str])> = vec![
+        (json!({"prompt": [1]}), 400, Some("model"), &["required"]),
+        (json!({"model": 7, "prompt": [1]}), 400, Some("model"), &[]),
+        (
+            json!({"model": IDS_MODEL}),
+            400,
+            Some("prompt"),
+            &["required"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": []}),
+            400,
+            Some("prompt"),
+            &["empty"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": 3}),
+            400,
+            Some("prompt"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [[1], [2]]}),
+            400,
+            Some("prompt"),
+            &["one prompt"],
+        ),
+        (
+            json!({"model": TEXT_MODEL, "prompt": ["a", "b"]}),
+            400,
+            Some("prompt"),
+            &["one prompt"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1, IDS_VOCAB]}),
+            400,
+            Some("prompt"),
+            &["100"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [-1]}),
+            400,
+            Some("prompt"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": "text"}),
+            400,
+            Some("prompt"),
+            &["token ids"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stream": true}),
+            400,
+            Some("stream"),
+            &["streaming is not supported yet"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": 0}),
+            400,
+            Some("max_tokens"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": "5"}),
+            400,
+            Some("max_tokens"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": -3}),
+            400,
+            Some("max_tokens"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "temperature": 2.5}),
+            400,
+            Some("temperature"),
+            &["2.5"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "top_p": 0}),
+            400,
+            Some("top_p"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "top_p": 1.5}),
+            400,
+            Some("top_p"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "top_k": -2}),
+            400,
+            Some("top_k"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "seed": -1}),
+            400,
+            Some("seed"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "n": 2}),
+            400,
+            Some("n"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "ignore_eos": "yes"}),
+            400,
+            Some("ignore_eos"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop_token_ids": [IDS_VOCAB]}),
+            400,
+            Some("stop_token_ids"),
+            &["100"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop_token_ids": vec![3; 257]}),
+            400,
+            Some("stop_token_ids"),
+            &["256"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop": ["\n"]}),
+            400,
+            Some("stop"),
+            &["stop_token_ids"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "echo": true}),
+            400,
+            Some("echo"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "logprobs": 2}),
+            400,
+            Some("logprobs"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": long_prompt, "max_tokens": 1}),
+            400,
+            Some("prompt"),
+            &[
+                "maximum context length is 64 tokens",
+                "65 tokens",
+                "64 in the prompt",
+            ],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 61}),
+            400,
+            Some("max_tokens"),
+            &["65 tokens (4 in the prompt, 61 for the completion)"],
+        ),
+    ];
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    for (body, status, param, words) in cases {
+        let reply = complete(app(engine.clone()), body.clone()).await;
+        let message = assert_error(&reply, status, "invalid_request_error", param);
+        for word in words {
+            assert!(message.contains(word), "{body}: {message:?} lacks {word:?}");
+        }
+    }
+    assert!(
+        engine.requests().is_empty(),
+        "no invalid request reaches the engine"
+    );
+
+    // Exactly at the limit is fine.
+    let fits = json!({"model": IDS_MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 60});
+    assert_eq!(
+        complete(app(engine.clone()), fits).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn unknown_model_is_404_model_not_found() {
+    let reply = complete(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        json!({"model": "gpt-4", "prompt": [1]}),
+    )
+    .await;
+    let message = assert_error(&reply, 404, "invalid_request_error", Some("model"));
+    assert_eq!(reply.body["error"]["code"], "model_not_found");
+    assert!(message.contains("gpt-4"), "{message}");
+}
+
+#[tokio::test]
+async fn context_overflow_has_openai_code() {
+    let reply = complete(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": 1000}),
+    )
+    .await;
+    assert_error(&reply, 400, "invalid_request_error", Some("max_tokens"));
+    assert_eq!(reply.body["error"]["code"], "context_length_exceeded");
+}
+
+#[tokio::test]
+async fn bad_bodies_are_400_in_the_envelope() {
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    let cases: Vec<(Option<&str>, &str)> = vec![
+        (Some("application/json"), "{\"model\": "),
+        (Some("application/json"), "not json"),
+        (Some("application/json"), ""),
+        (Some("application/json"), "[1, 2]"),
+        (Some("application/json"), "\"a string\""),
+        (Some("application/json"), "null"),
+        (
+            Some("text/plain"),
+            "{\"model\": \"ids-only\", \"prompt\": [1]}",
+        ),
+        (None, "{\"model\": \"ids-only\", \"prompt\": [1]}"),
+    ];
+    for (content_type, body) in cases {
+        let reply = post_raw(app(engine.clone()), content_type, body).await;
+        let message = assert_error(&reply, 400, "invalid_request_error", None);
+        assert!(!message.is_empty(), "{content_type:?} {body:?}");
+    }
+    assert!(engine.requests().is_empty());
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_in_the_envelope() {
+    let prompt = "a".repeat(MAX_BODY_BYTES + 1);
+    let reply = complete(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        json!({"model": TEXT_MODEL, "prompt": prompt}),
+    )
+    .await;
+    let message = assert_error(&reply, 413, "invalid_request_error", None);
+    assert!(message.contains(&MAX_BODY_BYTES.to_string()), "{message}");
+}
+
+#[tokio::test]
+async fn unknown_route_and_method_are_in_the_envelope() {
+    let engine = MockEngine::new(Reply::EchoPrompt(1));
+    let reply = get(app(engine.clone()), "/v1/nothing").await;
+    assert_error(&reply, 404, "invalid_request_error", None);
+    let reply = get(app(engine.clone()), "/v1/completions").await;
+    assert_error(&reply, 405, "invalid_request_error", None);
+}
+
+#[tokio::test]
+async fn engine_errors_map_by_class() {
+    let cases = [
+        (ErrorClass::InvalidRequest, 400, "invalid_request_error"),
+        (ErrorClass::CapacityExhausted, 429, "overloaded_error"),
+        (ErrorClass::Cancelled, 499, "cancelled_error"),
+        (ErrorClass::Internal, 500, "server_error"),
+        (ErrorClass::Unavailable, 503, "service_unavailable_error"),
+        (ErrorClass::DeadlineExceeded, 504, "timeout_error"),
+    ];
+    for (class, status, error_type) in cases {
+        let message = format!("group g0: rank 1 failed ({class:?})");
+        let engine = MockEngine::new(Reply::Fail(WireError {
+            class,
+            message: message.clone(),
+            rank: None,
+        }));
+        let reply = complete(app(engine), json!({"model": IDS_MODEL, "prompt": [1]})).await;
+        let got = assert_error(&reply, status, error_type, None);
+        assert_eq!(got, message, "the engine's message is passed through");
+        let retry_after = reply.headers.get(header::RETRY_AFTER);
+        if class == ErrorClass::CapacityExhausted {
+            assert_eq!(retry_after.unwrap(), "1");
+        } else {
+            assert!(retry_after.is_none(), "{class:?}");
+        }
+    }
+}
+
+/// Random and mutated bodies never crash the server nor produce a 5xx: every answer is a
+/// 200 or a 4xx in the envelope.
+#[tokio::test]
+async fn garbage_bodies_never_panic() {
+    let engine = MockEngine::new(Reply::EchoPrompt(2));
+    let valid = json!({"model": TEXT_MODEL, "prompt": "Hello [INST] <s></s> ünï 🦀",
+                       "max_tokens": 3, "temperature": 0.7, "top_p": 0.9,
+                       "stop_token_ids": [2], "return_token_ids": true})
+    .to_string()
+    .into_bytes();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        // xorshift64*: deterministic, so a failure reproduces.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    for round in 0..300 {
+        let mut body = valid.clone();
+        match round % 3 {
+            // Flip some bytes.
+            0 => {
+                for _ in 0..(next() % 4 + 1) {
+                    let i = (next() as usize) % body.len();
+                    body[i] = next() as u8;
+                }
+            }
+            // Cut it short.
+            1 => body.truncate((next() as usize) % body.len()),
+            // Pure noise.
+            _ => body = (0..(next() % 64)).map(|_| next() as u8).collect(),
+        }
+        let reply = post_raw(app(engine.clone()), Some("application/json"), body.clone()).await;
+        let status = reply.status.as_u16();
+        assert!(
+            status == 200 || (400..500).contains(&status),
+            "{status} for {:?}",
+            String::from_utf8_lossy(&body)
+        );
+        if status != 200 {
+            assert!(reply.body["error"]["message"].is_string());
+        }
+    }
+    // Well-typed but odd values.
+    for body in [
+        json!({"model": TEXT_MODEL, "prompt": "", "max_tokens": 1}),
+        json!({"model": TEXT_MODEL, "prompt": [""]}),
+        json!({"model": TEXT_MODEL, "prompt": [4294967295u32]}),
+        json!({"model": TEXT_MODEL, "prompt": [[]]}),
+        json!({"model": TEXT_MODEL, "prompt": [1], "max_tokens": 4294967295u32}),
+        json!({"model": TEXT_MODEL, "prompt": [1], "seed": 18446744073709551615u64}),
+        json!({"model": TEXT_MODEL, "prompt": [1], "temperature": 1e308}),
+        json!({"model": TEXT_MODEL, "prompt": [1], "top_k": 9007199254740993u64}),
+        json!({"model": "", "prompt": [1]}),
+    ] {
+        let reply = complete(app(engine.clone()), body.clone()).await;
+        let status = reply.status.as_u16();
+        assert!(
+            status == 200 || (400..500).contains(&status),
+            "{status} for {body}"
+        );
+    }
+}
