@@ -314,7 +314,10 @@ impl Driver {
         if rank != Rank(0) {
             return;
         }
-        for Finished { seq, output } in self.sched.on_step_done(done.step, &done.tokens) {
+        for Finished { seq, output } in
+            self.sched
+                .on_step_done(done.step, &done.tokens, Instant::now())
+        {
             if let Some(reply) = self.waiting.remove(&seq) {
                 let _ = reply.send(Ok(output));
             }

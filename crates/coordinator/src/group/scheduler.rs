@@ -40,7 +40,8 @@ struct Running {
 #[derive(Debug)]
 struct InFlight {
     step: u64,
-    sent_at: Instant,
+    /// When the shards could start it: sent, and the plan before it done.
+    started: Instant,
     /// Prompt + decode tokens it carries, for its deadline.
     tokens: usize,
 }
@@ -176,12 +177,13 @@ impl Scheduler {
         self.queue.is_empty() && self.running.is_empty() && self.admitted.is_empty()
     }
 
-    /// The step of the oldest outstanding plan when it has been out longer than its
-    /// deadline: `base` plus `per_token` for each token it carries.
+    /// The step of the oldest outstanding plan when it has run longer than its deadline
+    /// (`base` plus `per_token` for each token it carries), counted from when the shards
+    /// could start it: a pipelined plan waits for the one before it.
     pub fn overdue(&self, now: Instant, base: Duration, per_token: Duration) -> Option<u64> {
         let oldest = self.in_flight.front()?;
         let allowed = base + per_token * u32::try_from(oldest.tokens).unwrap_or(u32::MAX);
-        (now.duration_since(oldest.sent_at) > allowed).then_some(oldest.step)
+        (now.duration_since(oldest.started) > allowed).then_some(oldest.step)
     }
 
     /// The next plan, if the pipeline has room and there is work.
@@ -228,7 +230,7 @@ impl Scheduler {
         self.next_step += 1;
         self.in_flight.push_back(InFlight {
             step,
-            sent_at: now,
+            started: now,
             tokens,
         });
         Some(StepPlan {
@@ -242,12 +244,16 @@ impl Scheduler {
     }
 
     /// Applies rank 0's results of `step`. Returns the sequences that finished.
-    pub fn on_step_done(&mut self, step: u64, tokens: &[SeqToken]) -> Vec<Finished> {
+    pub fn on_step_done(&mut self, step: u64, tokens: &[SeqToken], now: Instant) -> Vec<Finished> {
         match self.in_flight.front() {
             Some(f) if f.step == step => {
                 self.in_flight.pop_front();
             }
             _ => return Vec::new(),
+        }
+        // The next plan was sent while this one ran; its shards start it only now.
+        if let Some(next) = self.in_flight.front_mut() {
+            next.started = next.started.max(now);
         }
         let mut finished = Vec::new();
         for t in tokens {
@@ -338,13 +344,13 @@ mod tests {
         let p1 = s.next_plan(now).unwrap();
         assert_eq!(p1.decode, vec![SeqId(1)]);
         assert!(s.next_plan(now).is_none(), "at most two plans in flight");
-        assert!(s.on_step_done(0, &[token(1, 7, None)]).is_empty());
+        assert!(s.on_step_done(0, &[token(1, 7, None)], now).is_empty());
         let p2 = s.next_plan(now).unwrap();
         assert_eq!(p2.decode, vec![SeqId(1)]);
-        assert!(s.on_step_done(1, &[token(1, 8, None)]).is_empty());
+        assert!(s.on_step_done(1, &[token(1, 8, None)], now).is_empty());
         // Three tokens planned: nothing left to decode.
         assert!(s.next_plan(now).is_none());
-        let done = s.on_step_done(2, &[token(1, 9, Some(FinishReason::Length))]);
+        let done = s.on_step_done(2, &[token(1, 9, Some(FinishReason::Length))], now);
         assert_eq!(done[0].output.tokens, vec![7, 8, 9]);
         assert_eq!(done[0].output.finish, FinishReason::Length);
         let p3 = s.next_plan(now).unwrap();
@@ -360,10 +366,10 @@ mod tests {
         s.submit(SeqId(1), request(2, 10), now).unwrap();
         s.next_plan(now).unwrap();
         s.next_plan(now).unwrap();
-        let done = s.on_step_done(0, &[token(1, 2, Some(FinishReason::Stop))]);
+        let done = s.on_step_done(0, &[token(1, 2, Some(FinishReason::Stop))], now);
         assert_eq!(done.len(), 1);
         // Step 1 had planned a decode the shards skip; its (empty) result changes nothing.
-        assert!(s.on_step_done(1, &[]).is_empty());
+        assert!(s.on_step_done(1, &[], now).is_empty());
         let p = s.next_plan(now).unwrap();
         assert_eq!(p.free, vec![SeqId(1)]);
         assert!(p.decode.is_empty());
