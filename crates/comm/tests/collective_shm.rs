@@ -198,6 +198,11 @@ fn a_missing_rank_times_out_by_name_and_aborts_the_group() {
         )),
         "{errors:?}"
     );
+    // Whoever saw it first, every rank blames the one that did not arrive.
+    assert!(
+        errors.iter().all(|e| e.culprit() == Some(Rank(2))),
+        "{errors:?}"
+    );
     let started = Instant::now();
     let err = late.barrier().unwrap_err();
     assert!(

@@ -27,21 +27,28 @@ impl ShardError {
     pub fn class(&self) -> ErrorClass {
         match self {
             ShardError::Collective { .. } => ErrorClass::Unavailable,
-            ShardError::Model {
-                source: ModelError::InvalidRequest { .. },
-            } => ErrorClass::InvalidRequest,
-            ShardError::Model { .. } | ShardError::BadPlan { .. } | ShardError::NotAssigned => {
-                ErrorClass::Internal
-            }
+            ShardError::Model { source } => source.class(),
+            ShardError::BadPlan { .. } | ShardError::NotAssigned => ErrorClass::Internal,
+        }
+    }
+
+    /// The collective failure inside this error, if that is what it is.
+    fn collective(&self) -> Option<&CollectiveError> {
+        match self {
+            ShardError::Collective { source }
+            | ShardError::Model {
+                source: ModelError::Collective { source },
+            } => Some(source),
+            _ => None,
         }
     }
 
     /// The error as it crosses to the coordinator. A collective names the rank that did
-    /// not arrive; any other failure is this rank's own.
+    /// not arrive (or that aborted the group); any other failure is this rank's own.
     pub fn to_wire(&self, me: Rank) -> WireError {
-        let rank = match self {
-            ShardError::Collective { source } => source.culprit().or(Some(me)),
-            _ => Some(me),
+        let rank = match self.collective() {
+            Some(c) => c.culprit().or(Some(me)),
+            None => Some(me),
         };
         WireError {
             class: self.class(),

@@ -38,9 +38,15 @@ pub fn demo_model() -> Option<PathBuf> {
         return Some(path);
     }
     if std::env::var("TESSERA_REQUIRE_DEMO_MODEL").as_deref() == Ok("1") {
-        panic!("{} is missing: run scripts/get-demo-model.sh", path.display());
+        panic!(
+            "{} is missing: run scripts/get-demo-model.sh",
+            path.display()
+        );
     }
-    eprintln!("SKIPPED: {} is missing (scripts/get-demo-model.sh)", path.display());
+    eprintln!(
+        "SKIPPED: {} is missing (scripts/get-demo-model.sh)",
+        path.display()
+    );
     None
 }
 
@@ -112,7 +118,10 @@ pub fn topology_text(
         "[[coordinator]]\nid = 1\nhost = \"{coordinator_host}\"\nquic = \"{quic}\"\nhttp = \"{http}\"\ndata_dir = \"coordinator-1\"\n\n"
     );
     for (name, address) in hosts {
-        let _ = write!(t, "[[host]]\nname = \"{name}\"\naddress = \"{address}\"\n\n");
+        let _ = write!(
+            t,
+            "[[host]]\nname = \"{name}\"\naddress = \"{address}\"\n\n"
+        );
     }
     let mut models: Vec<(&str, &Path)> = Vec::new();
     for g in groups {
@@ -171,7 +180,11 @@ impl Cluster {
         let parsed = tessera_topology::Topology::parse(topology, &path).map_err(|issues| {
             anyhow!(
                 "bad test topology: {}",
-                issues.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("; ")
+                issues
+                    .iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             )
         })?;
         let certs = dir.path().join("certs");
@@ -303,7 +316,10 @@ impl Cluster {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("the coordinator did not answer /health within {timeout:?}\n{}", self.logs());
+                bail!(
+                    "the coordinator did not answer /health within {timeout:?}\n{}",
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -315,7 +331,12 @@ impl Cluster {
     }
 
     /// Greedy tokens for a token-id prompt (EOS ignored), retrying while the group starts.
-    pub fn greedy(&self, model: &str, prompt: &[u32], max_tokens: usize) -> anyhow::Result<Vec<u32>> {
+    pub fn greedy(
+        &self,
+        model: &str,
+        prompt: &[u32],
+        max_tokens: usize,
+    ) -> anyhow::Result<Vec<u32>> {
         let body = json!({
             "model": model, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": true, "return_token_ids": true,

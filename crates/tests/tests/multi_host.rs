@@ -48,7 +48,9 @@ impl Net {
             let inside = format!("{}{name}0", net.tag);
             let outside = format!("{}{name}1", net.tag);
             ip(&["netns", "add", &ns])?;
-            ip(&["link", "add", &inside, "type", "veth", "peer", "name", &outside])?;
+            ip(&[
+                "link", "add", &inside, "type", "veth", "peer", "name", &outside,
+            ])?;
             ip(&["link", "set", &inside, "netns", &ns])?;
             ip(&["link", "set", &outside, "master", &br])?;
             ip(&["link", "set", &outside, "up"])?;
@@ -135,14 +137,21 @@ fn two_hosts_over_tcp_match_one_host() {
     )
     .expect("parses");
     let prompts = expected["prompts"].as_array().expect("prompts");
-    let results = expected["variants"]["f32"]["results"].as_array().expect("results");
+    let results = expected["variants"]["f32"]["results"]
+        .as_array()
+        .expect("results");
     for (prompt, result) in prompts.iter().zip(results) {
         let prompt: Vec<u32> = serde_json::from_value(prompt.clone()).expect("ids");
         let want: Vec<u32> = serde_json::from_value(result["greedy"].clone()).expect("ids");
         let got = cluster
             .greedy("m", &prompt, want.len())
             .unwrap_or_else(|e| panic!("{e:#}"));
-        assert_eq!(got, want, "two hosts differ from one host\n{}", cluster.logs());
+        assert_eq!(
+            got,
+            want,
+            "two hosts differ from one host\n{}",
+            cluster.logs()
+        );
     }
     let log = std::fs::read_to_string(&cluster.proc("g-1").log).unwrap_or_default();
     assert!(

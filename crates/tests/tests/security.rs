@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tessera_comm::certs::{Credentials, Identity};
-use tessera_comm::quic;
+use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
+use tessera_comm::{quic, wire};
 use tessera_tests::{Cluster, GroupSpec, bin, fixture};
 use tessera_topology::{PeerId, Rank};
 
@@ -32,7 +33,12 @@ fn one_shard_cluster(group: &str) -> Cluster {
 
 /// Runs `tessera-shard` with `certs` for up to `wait`; its exit status (None: still
 /// running, then killed) and its output.
-fn run_shard(cluster: &Cluster, group: &str, certs: &Path, wait: Duration) -> (Option<i32>, String) {
+fn run_shard(
+    cluster: &Cluster,
+    group: &str,
+    certs: &Path,
+    wait: Duration,
+) -> (Option<i32>, String) {
     let mut child = Command::new(bin("tessera-shard"))
         .arg("--topology")
         .arg(&cluster.topology)
@@ -56,8 +62,8 @@ fn run_shard(cluster: &Cluster, group: &str, certs: &Path, wait: Duration) -> (O
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = child.wait_with_output().expect("output");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned()
-        + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     (status, text)
 }
 
@@ -89,44 +95,95 @@ fn shard_with_a_foreign_ca_is_refused() {
         "the coordinator should log the refused handshake\n{coordinator}"
     );
     // Still serving /health.
-    cluster.wait_healthy(Duration::from_secs(5)).expect("coordinator alive");
+    cluster
+        .wait_healthy(Duration::from_secs(5))
+        .expect("coordinator alive");
 }
 
 #[test]
 fn coordinator_certificate_cannot_register_as_a_shard() {
     let cluster = one_shard_cluster("g");
+    // A shard given the coordinator's certificate under its own file name refuses to
+    // start: the certificate does not name it.
     let stolen = cluster.dir.path().join("stolen-certs");
     copy_dir(&cluster.certs, &stolen);
     let shard = Identity::Shard {
         group: "g".into(),
         rank: Rank(0),
-    }
-    .file_stem();
-    let coordinator = Identity::Coordinator(PeerId(1)).file_stem();
+    };
+    let coordinator = Identity::Coordinator(PeerId(1));
     for ext in ["pem", "key"] {
         std::fs::copy(
-            stolen.join(format!("{coordinator}.{ext}")),
-            stolen.join(format!("{shard}.{ext}")),
+            stolen.join(format!("{}.{ext}", coordinator.file_stem())),
+            stolen.join(format!("{}.{ext}", shard.file_stem())),
         )
         .expect("swap certificate");
     }
     let (status, output) = run_shard(&cluster, "g", &stolen, Duration::from_secs(15));
     assert!(
         matches!(status, Some(code) if code != 0),
-        "the shard should exit with an error once refused: {status:?}\n{output}"
+        "{status:?}\n{output}"
     );
-    assert!(output.contains("refused"), "{output}");
-    cluster.wait_healthy(Duration::from_secs(5)).expect("coordinator alive");
+    assert!(
+        output.contains("the certificate is for coordinator 1"),
+        "{output}"
+    );
+
+    // A peer that presents the coordinator's certificate and registers as a shard anyway
+    // is refused by the coordinator, with the reason.
+    let creds = Credentials::load(&cluster.certs, &coordinator).expect("coordinator credentials");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let answer = runtime.block_on(async {
+        let endpoint = quic::client_endpoint(&creds).expect("client endpoint");
+        let conn = quic::connect(&endpoint, quic_addr(&cluster), &coordinator)
+            .await
+            .expect("mutual TLS succeeds: the certificate is the cluster's");
+        let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+        let register = ShardMsg::Register(Register {
+            version: PROTOCOL_VERSION,
+            group: "g".into(),
+            rank: Rank(0),
+            pid: 1,
+            device: "cpu".into(),
+        });
+        wire::write_frame(&mut send, &register)
+            .await
+            .expect("write");
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            wire::read_frame::<_, CoordinatorMsg>(&mut recv, wire::MAX_FRAME_BYTES),
+        )
+        .await
+        .expect("the coordinator answers")
+    });
+    match answer {
+        Ok(Some(CoordinatorMsg::Refused { error })) => assert!(
+            error.message.contains("cannot register as a shard"),
+            "{error:?}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let log = std::fs::read_to_string(&cluster.procs[0].log).unwrap_or_default();
+    assert!(!log.contains("registration accepted"), "{log}");
+    cluster
+        .wait_healthy(Duration::from_secs(5))
+        .expect("coordinator alive");
+}
+
+fn quic_addr(cluster: &Cluster) -> std::net::SocketAddr {
+    let text = std::fs::read_to_string(&cluster.topology).expect("topology");
+    let t = tessera_topology::Topology::parse(&text, &cluster.topology).expect("valid");
+    t.coordinators[0]
+        .quic
+        .to_string()
+        .parse()
+        .expect("socket address")
 }
 
 #[test]
 fn oversized_and_garbage_frames_are_rejected_without_a_crash() {
     let mut cluster = one_shard_cluster("g");
-    let quic_addr = {
-        let text = std::fs::read_to_string(&cluster.topology).expect("topology");
-        let t = tessera_topology::Topology::parse(&text, &cluster.topology).expect("valid");
-        t.coordinators[0].quic.to_string().parse().expect("socket address")
-    };
+    let quic_addr = quic_addr(&cluster);
     let creds = Credentials::load(
         &cluster.certs,
         &Identity::Shard {
@@ -154,14 +211,22 @@ fn oversized_and_garbage_frames_are_rejected_without_a_crash() {
             send.write_all(&frame).await.expect("write");
             let _ = send.finish();
             // The coordinator answers with a refusal or closes; it must not hang us.
-            let answer = tokio::time::timeout(Duration::from_secs(10), recv.read_to_end(1 << 20)).await;
-            assert!(answer.is_ok(), "the coordinator neither answered nor closed");
+            let answer =
+                tokio::time::timeout(Duration::from_secs(10), recv.read_to_end(1 << 20)).await;
+            assert!(
+                answer.is_ok(),
+                "the coordinator neither answered nor closed"
+            );
             endpoint.close(0u32.into(), b"done");
         });
     }
-    cluster.wait_healthy(Duration::from_secs(5)).expect("coordinator alive");
+    cluster
+        .wait_healthy(Duration::from_secs(5))
+        .expect("coordinator alive");
     // And a real shard still registers and serves afterwards.
     cluster.start_shard("g", 0).expect("shard starts");
-    let tokens = cluster.greedy("m", &[1, 2, 3], 4).expect("generation after the attacks");
+    let tokens = cluster
+        .greedy("m", &[1, 2, 3], 4)
+        .expect("generation after the attacks");
     assert_eq!(tokens.len(), 4);
 }

@@ -99,7 +99,10 @@ fn smollm2_tp3_matches_tp1() {
     );
     assert_eq!(a1["choices"][0]["text"], a3["choices"][0]["text"]);
     assert!(
-        a1["choices"][0]["text"].as_str().unwrap_or("").contains("Paris"),
+        a1["choices"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Paris"),
         "SmolLM2 should know: {a1}"
     );
 }

@@ -104,6 +104,7 @@ enum Payload {
 #[derive(Clone, Debug)]
 struct Failure {
     by: Rank,
+    missing: Rank,
     reason: String,
 }
 
@@ -205,6 +206,7 @@ impl LocalCollective {
     fn fail(&self, shared: &Shared, state: &mut State, error: CollectiveError) -> CollectiveError {
         state.failure = Some(Failure {
             by: self.rank,
+            missing: error.culprit().unwrap_or(self.rank),
             reason: error.to_string(),
         });
         shared.wake.notify_all();
@@ -274,6 +276,7 @@ fn aborted(op: Op, failure: &Failure) -> CollectiveError {
     CollectiveError::Aborted {
         op,
         by: failure.by,
+        missing: failure.missing,
         reason: failure.reason.clone(),
     }
 }

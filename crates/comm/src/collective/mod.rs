@@ -118,8 +118,14 @@ pub enum CollectiveError {
     },
     #[error("{op}: rank {peer} closed its connection")]
     PeerClosed { op: Op, peer: Rank },
+    /// Another rank saw the failure first; `missing` is the rank it blamed.
     #[error("{op}: the group was aborted by rank {by}: {reason}")]
-    Aborted { op: Op, by: Rank, reason: String },
+    Aborted {
+        op: Op,
+        by: Rank,
+        missing: Rank,
+        reason: String,
+    },
     #[error("{op}: a peer presented a wrong group token or header")]
     Unauthenticated { op: Op },
     #[error("{op}: buffer of {len} elements does not fit ({detail})")]
@@ -134,7 +140,7 @@ impl CollectiveError {
         match self {
             CollectiveError::Timeout { missing, .. } => Some(*missing),
             CollectiveError::PeerClosed { peer, .. } => Some(*peer),
-            CollectiveError::Aborted { by, .. } => Some(*by),
+            CollectiveError::Aborted { missing, .. } => Some(*missing),
             _ => None,
         }
     }

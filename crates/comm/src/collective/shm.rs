@@ -495,6 +495,7 @@ impl Link {
         Some(CollectiveError::Aborted {
             op,
             by: Rank(by),
+            missing: Rank(missing),
             reason,
         })
     }

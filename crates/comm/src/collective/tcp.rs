@@ -71,8 +71,8 @@ pub struct TcpRing {
     /// for a group of one.
     links: Option<Links>,
     config: CollectiveConfig,
-    /// Set once the ring failed: (by, reason); every later call fails with it.
-    failed: Option<(Rank, String)>,
+    /// Set once the ring failed: (by, missing, reason); every later call fails with it.
+    failed: Option<(Rank, Rank, String)>,
     /// Received partial sums during the reduce-scatter.
     scratch: Vec<f32>,
     stats: CollectiveStats,
@@ -131,9 +131,10 @@ impl TcpRing {
 
     fn check_failed(&self, op: Op) -> Result<(), CollectiveError> {
         match &self.failed {
-            Some((by, reason)) => Err(CollectiveError::Aborted {
+            Some((by, missing, reason)) => Err(CollectiveError::Aborted {
                 op,
                 by: *by,
+                missing: *missing,
                 reason: reason.clone(),
             }),
             None => Ok(()),
@@ -160,7 +161,7 @@ impl TcpRing {
             let _ = links.next.shutdown(Shutdown::Both);
             let _ = links.prev.shutdown(Shutdown::Both);
         }
-        self.failed = Some((by, reason));
+        self.failed = Some((by, missing, reason));
         error
     }
 
@@ -318,6 +319,7 @@ impl StepFailure {
             StepFailure::Aborted { by, missing } => CollectiveError::Aborted {
                 op,
                 by: Rank(by),
+                missing: Rank(missing),
                 reason: format!("rank {by} failed waiting on rank {missing}"),
             },
         }
