@@ -6,6 +6,7 @@
 //!   pure scheduler core.
 //! - [`cluster`]: the groups by model; implements [`engine::Engine`] for the API.
 //! - [`api`]: the OpenAI-compatible HTTP API over any [`engine::Engine`].
+//! - [`metrics`]: Prometheus metric names and the recorder behind `GET /metrics`.
 //!
 //! One coordinator peer for now; Raft replication comes later.
 
@@ -13,4 +14,5 @@ pub mod api;
 pub mod cluster;
 pub mod engine;
 pub mod group;
+pub mod metrics;
 pub mod server;

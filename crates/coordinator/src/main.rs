@@ -15,7 +15,7 @@ use tessera_comm::quic;
 use tessera_coordinator::api::{self, ApiState, ServedModel};
 use tessera_coordinator::cluster::Cluster;
 use tessera_coordinator::group::driver::Limits;
-use tessera_coordinator::server;
+use tessera_coordinator::{metrics, server};
 use tessera_model::loader;
 use tessera_topology::{PeerId, Topology};
 use tracing::info;
@@ -64,6 +64,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let metrics_handle = metrics::install();
     let topology = read_topology(&args.topology)?;
     let me = topology
         .coordinators
@@ -92,10 +93,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the HTTP API to {http_addr}"))?;
     info!(peer = me.id.0, quic = %quic_addr, http = %http_addr, "coordinator started");
-    let app = api::router(ApiState {
+    let mut app = api::router(ApiState {
         models,
         engine: Arc::new(cluster),
     });
+    if let Some(handle) = metrics_handle {
+        app = app.route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(handle.render())),
+        );
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

@@ -154,11 +154,15 @@ pub fn topology_text(
 }
 
 /// A running process of the cluster.
+#[derive(Debug)]
 pub struct Proc {
     pub name: String,
     pub child: Child,
     pub log: PathBuf,
 }
+
+/// The command prefix for a process, by its name (e.g. `ip netns exec NS`).
+pub type Wrap = Box<dyn Fn(&str) -> Vec<String>>;
 
 /// Real coordinator and shard processes for one topology.
 pub struct Cluster {
@@ -168,7 +172,17 @@ pub struct Cluster {
     pub http: String,
     pub procs: Vec<Proc>,
     /// Prefix for every command (e.g. `ip netns exec NS`), per process name.
-    pub wrap: Box<dyn Fn(&str) -> Vec<String>>,
+    pub wrap: Wrap,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("topology", &self.topology)
+            .field("http", &self.http)
+            .field("procs", &self.procs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Cluster {

@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use super::scheduler::{Finished, Scheduler};
 use super::{GroupCommand, GroupHandle, ShardLink};
 use crate::engine::{GenerateOutput, GenerateRequest};
+use crate::metrics as m;
 
 /// How a group's ranks find each other, and the limits it runs under.
 #[derive(Clone, Debug)]
@@ -283,6 +284,9 @@ impl Driver {
                         "rank ready"
                     );
                     slots[r] = Some((ready.kv_blocks, ready.block_size));
+                    let labels = self.labels(event.rank);
+                    metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
+                    metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
                     self.maybe_serve();
                 }
             }
@@ -306,6 +310,12 @@ impl Driver {
         }
         let r = rank.0 as usize;
         self.last_done[r] = done.step + 1;
+        let labels = self.labels(rank);
+        let seconds = |us: u64| us as f64 / 1e6;
+        metrics::histogram!(m::SHARD_STEP_SECONDS, &labels).record(seconds(done.timings.step_us));
+        metrics::histogram!(m::SHARD_COLLECTIVE_SECONDS, &labels)
+            .record(seconds(done.timings.collective_us));
+        metrics::histogram!(m::SHARD_IDLE_SECONDS, &labels).record(seconds(done.timings.idle_us));
         let t = &mut self.totals[r];
         t.steps += 1;
         t.step_us += done.timings.step_us;
@@ -418,6 +428,7 @@ impl Driver {
         }
         self.epoch += 1;
         let epoch = self.epoch;
+        metrics::gauge!(m::GROUP_EPOCH, "group" => self.config.name.clone()).set(epoch as f64);
         let bootstrap = match (&self.config.tcp_peers, self.config.tp) {
             (_, 1) => Bootstrap::Solo,
             (Some(peers), _) => Bootstrap::Tcp {
@@ -467,6 +478,7 @@ impl Driver {
         self.ready.store(false, Ordering::Relaxed);
         self.state = State::Down;
         let lost = self.sched.fence();
+        metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
         warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
         let message = format!("group {}: {reason}", self.config.name);
         for seq in lost {
@@ -482,6 +494,13 @@ impl Driver {
                 rank,
             }));
         }
+    }
+
+    fn labels(&self, rank: Rank) -> [(&'static str, String); 2] {
+        [
+            ("group", self.config.name.clone()),
+            ("rank", rank.to_string()),
+        ]
     }
 
     fn current_epoch(&self) -> Option<u64> {

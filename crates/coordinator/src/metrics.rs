@@ -1,0 +1,25 @@
+//! The coordinator's Prometheus metrics: names (constants, `tessera_<area>_<name>_<unit>`),
+//! and the recorder that `GET /metrics` renders. Labels are group and rank names only.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Bytes of weights a rank read from the model files for its slice (gauge).
+pub const SHARD_WEIGHT_BYTES: &str = "tessera_shard_weight_bytes";
+/// KV blocks a rank reported for the current epoch (gauge).
+pub const SHARD_KV_BLOCKS: &str = "tessera_shard_kv_blocks";
+/// Time a rank spent executing one step (histogram).
+pub const SHARD_STEP_SECONDS: &str = "tessera_shard_step_duration_seconds";
+/// Time inside collective calls during one step (histogram).
+pub const SHARD_COLLECTIVE_SECONDS: &str = "tessera_shard_collective_seconds";
+/// Time a rank waited for its next plan after finishing a step: the bubble (histogram).
+pub const SHARD_IDLE_SECONDS: &str = "tessera_shard_idle_seconds";
+/// Epochs ended by a failure (counter).
+pub const GROUP_FENCES: &str = "tessera_group_fences_total";
+/// The group's current epoch (gauge).
+pub const GROUP_EPOCH: &str = "tessera_group_epoch";
+
+/// Installs the process-wide recorder; `None` if one is already installed (a second
+/// coordinator in one test process).
+pub fn install() -> Option<PrometheusHandle> {
+    PrometheusBuilder::new().install_recorder().ok()
+}
