@@ -2,6 +2,8 @@
 # The test suite: formatting, lints, and every test of the workspace (unit, golden against
 # HuggingFace transformers fixtures, tokenizer, end-to-end CLI on the demo model).
 # Usage: scripts/test.sh   (fetches the demo model first if it is missing)
+# TESSERA_FUZZ_SECONDS=N also runs every wire-decoder fuzz target for N seconds
+# (needs a nightly toolchain and cargo-fuzz; CI sets it when nightly is installed).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,3 +16,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+if [[ -n "${TESSERA_FUZZ_SECONDS:-}" ]]; then
+    echo "== fuzz the wire decoders (${TESSERA_FUZZ_SECONDS}s per target)"
+    scripts/fuzz.sh "$TESSERA_FUZZ_SECONDS"
+fi
