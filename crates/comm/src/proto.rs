@@ -36,11 +36,13 @@ impl fmt::Display for SeqId {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ShardMsg {
     Register(Register),
-    /// Weight loading progress for the current assignment.
+    /// Weight loading progress for the current assignment, in layers.
     Loading {
         epoch: u64,
-        loaded_bytes: u64,
-        total_bytes: u64,
+        layers_done: u32,
+        layers: u32,
+        /// Bytes of this rank's slice taken so far.
+        weight_bytes: u64,
     },
     Ready(Ready),
     StepDone(StepDone),

@@ -28,8 +28,9 @@ fn shard_msgs() -> Vec<ShardMsg> {
         }),
         ShardMsg::Loading {
             epoch: 2,
-            loaded_bytes: 1 << 30,
-            total_bytes: 3 << 30,
+            layers_done: 12,
+            layers: 80,
+            weight_bytes: 3 << 30,
         },
         ShardMsg::Ready(Ready {
             epoch: 2,

@@ -321,6 +321,15 @@ impl Slicer<'_> {
     }
 }
 
+/// How far [`Llama::load_rank_with_progress`] has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub layers_done: usize,
+    pub layers: usize,
+    /// Bytes of this rank's slice taken so far.
+    pub weight_bytes: usize,
+}
+
 impl Llama {
     /// Loads (maps) every tensor the config implies, checking each shape: the whole model,
     /// a group of one.
@@ -340,6 +349,17 @@ impl Llama {
         plan: &RankPlan,
         tp: usize,
     ) -> Result<Llama, ModelError> {
+        Llama::load_rank_with_progress(source, config, plan, tp, &mut |_| {})
+    }
+
+    /// [`Llama::load_rank`], calling `progress` after each layer.
+    pub fn load_rank_with_progress(
+        source: &dyn TensorSource,
+        config: ModelConfig,
+        plan: &RankPlan,
+        tp: usize,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Llama, ModelError> {
         let sharding = Sharding::new(&config, plan, tp)?;
         let c = &config;
         let hidden = c.hidden_size;
@@ -349,9 +369,15 @@ impl Llama {
             dequantized: Vec::new(),
             warned: Vec::new(),
         };
-        let layers = (0..c.num_hidden_layers)
-            .map(|l| slicer.layer(l, c, plan))
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            layers.push(slicer.layer(l, c, plan)?);
+            progress(LoadProgress {
+                layers_done: l + 1,
+                layers: c.num_hidden_layers,
+                weight_bytes: slicer.bytes,
+            });
+        }
         let vocab = plan.vocab_rows.clone();
         let embed = slicer.rows(TensorId::Embed, (c.vocab_size, hidden), vocab.clone())?;
         let lm_head = match source.get(TensorId::LmHead)? {

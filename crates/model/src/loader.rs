@@ -17,7 +17,7 @@ use crate::config::{ModelConfig, is_gguf_path};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 use crate::gguf_source::GgufSource;
-use crate::llama::Llama;
+use crate::llama::{Llama, LoadProgress};
 use crate::safetensors_source::SafetensorsSource;
 use crate::tokenizer::Tokenizer;
 use crate::weights::TensorSource;
@@ -124,9 +124,19 @@ pub fn load_weights(path: &Path) -> Result<Llama, ModelError> {
 /// Loads one tensor-parallel rank's slice of the weights (no tokenizer): `plan` is this
 /// rank's entry of `plan_group(tp, config.shape())`.
 pub fn load_rank(path: &Path, plan: &RankPlan, tp: usize) -> Result<Llama, ModelError> {
+    load_rank_with_progress(path, plan, tp, &mut |_| {})
+}
+
+/// [`load_rank`], reporting after each layer.
+pub fn load_rank_with_progress(
+    path: &Path,
+    plan: &RankPlan,
+    tp: usize,
+    progress: &mut dyn FnMut(LoadProgress),
+) -> Result<Llama, ModelError> {
     let opened = open(path)?;
     let source = opened.source(path)?;
-    Llama::load_rank(source.as_ref(), opened.config, plan, tp)
+    Llama::load_rank_with_progress(source.as_ref(), opened.config, plan, tp, progress)
 }
 
 /// Reads config, tokenizer and chat template of the model at `path`; no weight is read.

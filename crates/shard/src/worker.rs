@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 use tessera_comm::Collective;
 use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::connect::connect;
-use tessera_comm::proto::{
-    Assignment, Ready, ShardMsg, StepDone, StepPlan, StepTimings, WireError,
-};
+use tessera_comm::proto::{Assignment, Ready, ShardMsg, StepDone, StepPlan, StepTimings};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
-use tessera_model::llama::Llama;
+use tessera_model::llama::{Llama, LoadProgress};
 use tessera_model::loader;
 use tessera_topology::{Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
@@ -25,6 +23,9 @@ use tracing::{debug, info, warn};
 
 use crate::engine::Engine;
 use crate::error::ShardError;
+
+/// How often loading progress is reported.
+const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// What the control task asks of the compute thread.
 #[derive(Debug)]
@@ -155,15 +156,30 @@ fn assign(
         Some(m) => Arc::clone(m),
         None => {
             let started = Instant::now();
-            let _ = events.send(ShardMsg::Loading {
-                epoch,
-                loaded_bytes: 0,
-                total_bytes: 0,
-            });
-            let loaded = Arc::new(loader::load_rank(
+            let mut reported = Instant::now();
+            let mut on_layer = |p: LoadProgress| {
+                // At most a few messages a second, and always the last layer.
+                if p.layers_done == p.layers || reported.elapsed() >= LOAD_PROGRESS_EVERY {
+                    reported = Instant::now();
+                    info!(
+                        layers_done = p.layers_done,
+                        layers = p.layers,
+                        weight_bytes = p.weight_bytes,
+                        "loading"
+                    );
+                    let _ = events.send(ShardMsg::Loading {
+                        epoch,
+                        layers_done: u32::try_from(p.layers_done).unwrap_or(u32::MAX),
+                        layers: u32::try_from(p.layers).unwrap_or(u32::MAX),
+                        weight_bytes: p.weight_bytes as u64,
+                    });
+                }
+            };
+            let loaded = Arc::new(loader::load_rank_with_progress(
                 &config.model_path,
                 &config.plan,
                 config.tp,
+                &mut on_layer,
             )?);
             info!(
                 rank = %config.rank,
@@ -171,12 +187,6 @@ fn assign(
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "weights loaded"
             );
-            let bytes = loaded.weight_bytes() as u64;
-            let _ = events.send(ShardMsg::Loading {
-                epoch,
-                loaded_bytes: bytes,
-                total_bytes: bytes,
-            });
             *model = Some(Arc::clone(&loaded));
             loaded
         }
@@ -215,13 +225,4 @@ fn assign(
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// A wire error for a failure outside any step (e.g. the control connection).
-pub fn internal(rank: Rank, message: String) -> WireError {
-    WireError {
-        class: tessera_comm::proto::ErrorClass::Internal,
-        message,
-        rank: Some(rank),
-    }
 }

@@ -265,10 +265,11 @@ impl Driver {
             }
             ShardMsg::Loading {
                 epoch,
-                loaded_bytes,
-                total_bytes,
+                layers_done,
+                layers,
+                weight_bytes,
             } => {
-                info!(group = %self.config.name, rank = %event.rank, epoch, loaded_bytes, total_bytes, "loading");
+                info!(group = %self.config.name, rank = %event.rank, epoch, layers_done, layers, weight_bytes, "loading");
             }
             ShardMsg::Ready(ready) => {
                 if let State::Assigning {
