@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use tessera_comm::certs::{CertsSummary, init_cluster};
-use tessera_topology::Topology;
+use tessera_topology::{ReadError, Topology};
 
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
@@ -41,11 +41,10 @@ pub fn init(args: &InitArgs) -> anyhow::Result<ExitCode> {
 /// Returns whether the certificates were written; `Err` when the topology cannot be read
 /// or the certificates cannot be written.
 pub fn init_to(args: &InitArgs, out: &mut dyn Write, diag: &mut dyn Write) -> anyhow::Result<bool> {
-    let text = std::fs::read_to_string(&args.topology)
-        .with_context(|| format!("cannot read topology file {}", args.topology.display()))?;
-    let topology = match Topology::parse(&text, &args.topology) {
+    let topology = match Topology::read(&args.topology) {
         Ok(topology) => topology,
-        Err(issues) => {
+        Err(error @ ReadError::Io { .. }) => return Err(error.into()),
+        Err(ReadError::Invalid { issues, .. }) => {
             for issue in &issues {
                 writeln!(diag, "{issue}")?;
                 writeln!(diag, "  help: {}", issue.change())?;

@@ -3,7 +3,7 @@
 //! Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let metrics_handle = metrics::install();
-    let topology = read_topology(&args.topology)?;
+    let topology = Topology::read(&args.topology)?;
     let me = topology
         .coordinators
         .iter()
@@ -163,18 +163,4 @@ async fn shutdown_signal() {
         _ = terminate => info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => info!("interrupted: stopping"),
     }
-}
-
-/// Reads and validates the topology, reporting every problem with its line.
-fn read_topology(path: &Path) -> anyhow::Result<Topology> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading topology {}", path.display()))?;
-    Topology::parse(&text, path).map_err(|issues| {
-        let lines: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
-        anyhow!(
-            "{} is not a valid topology:\n{}",
-            path.display(),
-            lines.join("\n")
-        )
-    })
 }

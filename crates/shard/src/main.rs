@@ -2,7 +2,7 @@
 //! the coordinator and serves step plans until told to stop (SIGTERM, Ctrl-C or the
 //! coordinator's `Shutdown`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc;
 
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> anyhow::Result<()> {
-    let topology = read_topology(&args.topology)?;
+    let topology = Topology::read(&args.topology)?;
     let rank = Rank(args.rank);
     let group = topology.group(&args.group).ok_or_else(|| {
         anyhow!(
@@ -151,18 +151,4 @@ fn fault_step_delay() -> anyhow::Result<std::time::Duration> {
         }
         Err(_) => Ok(std::time::Duration::ZERO),
     }
-}
-
-/// Reads and validates the topology, reporting every problem with its line.
-fn read_topology(path: &Path) -> anyhow::Result<Topology> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading topology {}", path.display()))?;
-    Topology::parse(&text, path).map_err(|issues| {
-        let lines: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
-        anyhow!(
-            "{} is not a valid topology:\n{}",
-            path.display(),
-            lines.join("\n")
-        )
-    })
 }

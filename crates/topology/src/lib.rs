@@ -3,7 +3,8 @@
 //! tensor-parallel slicing arithmetic that follows from it.
 //!
 //! The crate is a pure core: it takes the file's text and its path (for messages and for
-//! resolving relative paths) and never touches the filesystem or the network.
+//! resolving relative paths) and touches neither filesystem nor network — except
+//! [`Topology::read`], the file-reading convenience every binary shares.
 //!
 //! - [`spec`]: [`TopologySpec`], the raw file contents (serde, `deny_unknown_fields`, every
 //!   value with its byte span).
@@ -23,6 +24,7 @@ mod error;
 mod issue;
 mod parse;
 mod plan;
+mod read;
 pub mod spec;
 mod topology;
 mod units;
@@ -31,6 +33,7 @@ mod validate;
 pub use error::{PlanError, TopologyError};
 pub use issue::{Location, Severity, Source, TopologyIssue};
 pub use plan::{ModelShape, RankPlan, fitting_tps, plan_group};
+pub use read::ReadError;
 pub use spec::TopologySpec;
 pub use topology::{
     Collective, CollectiveChoice, CoordinatorPeer, Device, Group, Host, Model, ModelDtype,

@@ -281,9 +281,7 @@ fn check(path: &Path) -> anyhow::Result<Option<Topology>> {
     if !ok {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read topology file {}", path.display()))?;
-    match Topology::parse(&text, path) {
+    match Topology::read(path) {
         Ok(topology) => Ok(Some(topology)),
         Err(_) => Ok(None),
     }
