@@ -1,0 +1,100 @@
+//! `tessera-shard` refuses bad start-up input with a message that says what is wrong,
+//! before it connects anywhere. (Building this test also builds the binary that the
+//! end-to-end tests in `crates/tests` start.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SHARD: &str = env!("CARGO_BIN_EXE_tessera-shard");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs the shard with `args`; it must fail, and its stderr is returned.
+fn fails(args: &[&str]) -> String {
+    let out = Command::new(SHARD).args(args).output().expect("shard runs");
+    assert!(!out.status.success(), "the shard should refuse {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn topology(dir: &Path) -> PathBuf {
+    let model = repo().join("fixtures/models/llama-gqa/f32");
+    let text = format!(
+        "[[coordinator]]\nid = 1\nhost = \"local\"\nquic = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\n\n\
+         [[host]]\nname = \"local\"\naddress = \"127.0.0.1\"\n\n\
+         [[model]]\nname = \"m\"\npath = \"{}\"\n\n\
+         [[group]]\nname = \"g\"\nmodel = \"m\"\ntp = 2\n\n\
+         [[group.shard]]\nrank = 0\nhost = \"local\"\ndevice = \"cpu\"\nport = 7101\nkv_memory = \"1MiB\"\n\n\
+         [[group.shard]]\nrank = 1\nhost = \"local\"\ndevice = \"cpu\"\nport = 7102\nkv_memory = \"1MiB\"\n",
+        model.display()
+    );
+    let path = dir.join("topology.toml");
+    std::fs::write(&path, text).expect("write topology");
+    path
+}
+
+#[test]
+fn missing_topology_names_the_file() {
+    let err = fails(&[
+        "--topology",
+        "/nonexistent/t.toml",
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--certs",
+        "/x",
+    ]);
+    assert!(
+        err.contains("cannot read topology file /nonexistent/t.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_group_and_rank_are_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = topology(dir.path());
+    let t = t.to_str().expect("utf-8 path");
+    let err = fails(&[
+        "--topology",
+        t,
+        "--group",
+        "nope",
+        "--rank",
+        "0",
+        "--certs",
+        "/x",
+    ]);
+    assert!(err.contains("group `nope` is not in"), "{err}");
+    let err = fails(&[
+        "--topology",
+        t,
+        "--group",
+        "g",
+        "--rank",
+        "2",
+        "--certs",
+        "/x",
+    ]);
+    assert!(err.contains("there is no rank 2"), "{err}");
+}
+
+#[test]
+fn missing_certificates_say_how_to_make_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = topology(dir.path());
+    let certs = dir.path().join("certs");
+    let err = fails(&[
+        "--topology",
+        t.to_str().expect("utf-8 path"),
+        "--group",
+        "g",
+        "--rank",
+        "1",
+        "--certs",
+        certs.to_str().expect("utf-8 path"),
+    ]);
+    assert!(err.contains("tessera certs init"), "{err}");
+}
