@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SmolLM2 decode speed at tp = 1 and tp = 3 through the whole cluster path.
+"""SmolLM2 decode speed at tp = 1 and tp = 3 (or --tps) through the whole cluster path.
 
 For each tp, starts `tessera up --model models/SmolLM2-135M-Instruct.Q4_1.gguf --tp N`
 (release build), and measures through the HTTP API:
@@ -95,7 +95,8 @@ def run(tp, args, port):
             rates.append(args.tokens / max(long - short, 1e-9))
         time.sleep(11)  # one more 10 s timing report from the coordinator
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     with open(log_path) as f:
         coll, bubble = shares(f.read())
@@ -106,15 +107,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--tps", default="1,3", help="tensor-parallel degrees to run; the first is the reference")
     args = p.parse_args()
     if not os.path.exists(MODEL):
         sys.exit("run scripts/get-demo-model.sh first")
     subprocess.run(["cargo", "build", "--release", "-p", "tessera-cli", "-p", "tessera-shard",
                     "-p", "tessera-coordinator"], cwd=ROOT, check=True)
-    results = {tp: run(tp, args, 18000 + tp) for tp in (1, 3)}
+    tps = [int(t) for t in args.tps.split(",")]
+    results = {tp: run(tp, args, 18000 + tp) for tp in tps}
     print(f"\nSmolLM2-135M Q4_1, {os.cpu_count()} CPUs, decode of {args.tokens} tokens, median of {args.runs}")
-    print(f"{'tp':>3} {'tok/s':>8} {'vs tp=1':>8} {'collective':>11} {'bubble':>8}")
-    base = results[1][0]
+    print(f"{'tp':>3} {'tok/s':>8} {'vs tp=' + str(tps[0]):>8} {'collective':>11} {'bubble':>8}")
+    base = results[tps[0]][0]
     for tp, (rate, coll, bubble) in results.items():
         fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"
         print(f"{tp:>3} {rate:>8.1f} {rate / base:>8.2f} {fmt(coll):>11} {fmt(bubble):>8}")
