@@ -1,7 +1,8 @@
 //! The shared-memory collective with ranks as threads: results against a sequential
 //! reference, identical bits on every rank, deadlines, authentication and dropped peers.
 
-use std::sync::Arc;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -13,23 +14,14 @@ use tessera_comm::proto::Bootstrap;
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
+use common::{MARGIN, SHORT, bits, config};
+
 /// Small, so that the 1 Mi-element payloads below also exercise chunking.
 const CAPACITY_ELEMS: usize = 64 * 1024;
-const SHORT: Duration = Duration::from_millis(300);
-/// Slack for a loaded 2-core test machine on top of a deadline.
-const MARGIN: Duration = Duration::from_millis(1500);
-
 fn unique_name(tag: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("tessera-test-{tag}-{}-{n}", std::process::id())
-}
-
-fn config(deadline: Duration) -> CollectiveConfig {
-    CollectiveConfig {
-        deadline,
-        ..CollectiveConfig::default()
-    }
 }
 
 /// Runs `body` on one thread per rank, each with its own communicator.
@@ -39,64 +31,21 @@ fn on_ranks<T: Send + 'static>(
 ) -> Vec<T> {
     let name = unique_name("ops");
     let token = GroupToken([3; 32]);
-    let body = Arc::new(body);
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let (name, token, body) = (name.clone(), token.clone(), Arc::clone(&body));
-            thread::spawn(move || {
-                let c = ShmCollective::join(
-                    &name,
-                    Rank(r as u32),
-                    world,
-                    &token,
-                    CAPACITY_ELEMS,
-                    config(Duration::from_secs(10)),
-                )
-                .expect("join");
-                body(c)
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank"))
-        .collect()
+    common::run_ranks(
+        world,
+        move |rank| {
+            let deadline = config(Duration::from_secs(10));
+            ShmCollective::join(&name, rank, world, &token, CAPACITY_ELEMS, deadline).expect("join")
+        },
+        body,
+    )
 }
-
-/// Integer-valued data: every summation order gives the exact sum.
-fn input(rank: usize, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * 7 + rank * 13) % 101) as f32 - 50.0)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-const SIZES: [usize; 5] = [1, 7, 1000, 1001, (1 << 20) + 3];
 
 #[test]
 fn all_reduce_matches_the_reference_on_every_rank() {
-    for world in [2, 3, 4] {
-        for len in SIZES {
-            let results = on_ranks(world, move |mut c| {
-                let mut data = input(c.rank().0 as usize, len);
-                c.all_reduce_sum(&mut data).unwrap();
-                data
-            });
-            let mut expected = vec![0.0f32; len];
-            for r in 0..world {
-                expected
-                    .iter_mut()
-                    .zip(input(r, len))
-                    .for_each(|(e, x)| *e += x);
-            }
-            for (r, got) in results.iter().enumerate() {
-                assert!(got == &expected, "world {world} len {len} rank {r}");
-            }
-        }
-    }
+    common::all_reduce_matches_the_reference(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
 }
 
 #[test]
@@ -131,25 +80,9 @@ fn all_reduce_adds_in_rank_order_with_identical_bits() {
 
 #[test]
 fn all_gather_and_broadcast_match_the_reference() {
-    for world in [2, 3, 4] {
-        for len in SIZES {
-            let results = on_ranks(world, move |mut c| {
-                let r = c.rank().0 as usize;
-                let mut out = vec![0.0; len * world];
-                c.all_gather(&input(r, len), &mut out).unwrap();
-                let mut bytes = vec![r as u8; len];
-                c.broadcast(&mut bytes, Rank(world as u32 - 1)).unwrap();
-                c.barrier().unwrap();
-                (out, bytes, c.stats().calls)
-            });
-            let expected: Vec<f32> = (0..world).flat_map(|r| input(r, len)).collect();
-            for (out, bytes, calls) in results {
-                assert!(out == expected, "world {world} len {len}");
-                assert!(bytes.iter().all(|&b| b as usize == world - 1));
-                assert_eq!(calls, 3);
-            }
-        }
-    }
+    common::all_gather_and_broadcast_match_the_reference(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
 }
 
 #[test]

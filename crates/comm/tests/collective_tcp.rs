@@ -1,8 +1,9 @@
 //! The TCP ring with ranks as threads on loopback: results against a sequential reference,
 //! identical bits on every rank, deadlines, authentication and dropped peers.
 
+mod common;
+
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -11,16 +12,7 @@ use tessera_comm::collective::{CollectiveConfig, Op};
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
-const SHORT: Duration = Duration::from_millis(300);
-/// Slack for a loaded 2-core test machine on top of a deadline.
-const MARGIN: Duration = Duration::from_millis(1500);
-
-fn config(deadline: Duration) -> CollectiveConfig {
-    CollectiveConfig {
-        deadline,
-        ..CollectiveConfig::default()
-    }
-}
+use common::{MARGIN, SHORT, bits, config};
 
 /// `world` loopback addresses with ports the OS just handed out.
 fn peers(world: usize) -> Vec<String> {
@@ -49,61 +41,21 @@ fn on_ranks<T: Send + 'static>(
 ) -> Vec<T> {
     let peers = peers(world);
     let token = GroupToken([3; 32]);
-    let body = Arc::new(body);
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let (peers, token, body) = (peers.clone(), token.clone(), Arc::clone(&body));
-            thread::spawn(move || {
-                let c = TcpRing::connect(
-                    Rank(r as u32),
-                    &peers,
-                    &token,
-                    config(Duration::from_secs(10)),
-                )
-                .expect("connect");
-                body(c)
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank"))
-        .collect()
+    common::run_ranks(
+        world,
+        move |rank| {
+            TcpRing::connect(rank, &peers, &token, config(Duration::from_secs(10)))
+                .expect("connect")
+        },
+        body,
+    )
 }
-
-fn input(rank: usize, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * 7 + rank * 13) % 101) as f32 - 50.0)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-const SIZES: [usize; 5] = [1, 7, 1000, 1001, (1 << 20) + 3];
 
 #[test]
 fn all_reduce_matches_the_reference_on_every_rank() {
-    for world in [2, 3, 4] {
-        for len in SIZES {
-            let results = on_ranks(world, move |mut c| {
-                let mut data = input(c.rank().0 as usize, len);
-                c.all_reduce_sum(&mut data).unwrap();
-                data
-            });
-            let mut expected = vec![0.0f32; len];
-            for r in 0..world {
-                expected
-                    .iter_mut()
-                    .zip(input(r, len))
-                    .for_each(|(e, x)| *e += x);
-            }
-            for (r, got) in results.iter().enumerate() {
-                assert!(got == &expected, "world {world} len {len} rank {r}");
-            }
-        }
-    }
+    common::all_reduce_matches_the_reference(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
 }
 
 #[test]
@@ -126,25 +78,9 @@ fn all_reduce_gives_identical_bits_on_every_rank() {
 
 #[test]
 fn all_gather_and_broadcast_match_the_reference() {
-    for world in [2, 3, 4] {
-        for len in SIZES {
-            let results = on_ranks(world, move |mut c| {
-                let r = c.rank().0 as usize;
-                let mut out = vec![0.0; len * world];
-                c.all_gather(&input(r, len), &mut out).unwrap();
-                let mut bytes = vec![r as u8; len];
-                c.broadcast(&mut bytes, Rank(1)).unwrap();
-                c.barrier().unwrap();
-                (out, bytes, c.stats().calls)
-            });
-            let expected: Vec<f32> = (0..world).flat_map(|r| input(r, len)).collect();
-            for (out, bytes, calls) in results {
-                assert!(out == expected, "world {world} len {len}");
-                assert!(bytes.iter().all(|&b| b == 1));
-                assert_eq!(calls, 3);
-            }
-        }
-    }
+    common::all_gather_and_broadcast_match_the_reference(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
 }
 
 #[test]
