@@ -28,22 +28,8 @@ pub struct GenerationRequest {
     pub stop_tokens: Vec<u32>,
 }
 
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
-}
-
-impl FinishReason {
-    /// The OpenAI name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
+/// Why generation ended: the same reason a shard reports on the wire.
+pub use tessera_comm::proto::FinishReason;
 
 /// The result of one generation.
 #[derive(Clone, Debug)]
