@@ -20,7 +20,7 @@ use tessera_topology::Rank;
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A sequence: one generation stream of a request, unique within a coordinator term.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -85,16 +85,31 @@ pub struct StepDone {
     /// One entry per sequence that produced a token in this step. Filled by rank 0 (the
     /// sampling rank); other ranks send it empty.
     pub tokens: Vec<SeqToken>,
+    /// KV blocks this rank can still allocate (free, or cached and unreferenced).
     pub free_blocks: u32,
+    /// Prompt tokens of this step's new sequences found in the prefix cache (their KV was
+    /// not recomputed), per sequence; only sequences with a hit are listed.
+    pub cached: Vec<(SeqId, u32)>,
     pub timings: StepTimings,
 }
 
 /// A sampled token, and whether the sequence finished with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeqToken {
     pub seq: SeqId,
     pub token: u32,
     pub finish: Option<FinishReason>,
+    /// When the sequence asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The log-probability of a sampled token under the model (log-softmax of the raw
+/// logits, before penalties and temperature), and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first; as many as the request asked for.
+    pub top: Vec<(u32, f32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,10 +182,12 @@ pub enum Bootstrap {
 
 /// One step for a group: a delta against the state the shards already hold.
 ///
-/// Shards execute, in order: `free`, then each of `prefill` (the whole prompt; chunked
-/// prefill comes with batching), then one decode token for each of `decode` that has not
-/// finished. Rank 0 samples every sequence and the tokens reach the other ranks through
-/// the collective, so a shard never waits for the coordinator to learn a token.
+/// Shards execute, in order: `free` (release the blocks of finished, cancelled or
+/// preempted sequences), `new` (admit sequences, taking what the prefix cache holds of
+/// their prompt), then one batched forward pass over every `prefill` chunk and one decode
+/// token for each of `decode` that has not finished. A sequence samples when its prompt
+/// is complete and on every decode. Rank 0 samples and the tokens reach the other ranks
+/// through the collective, so a shard never waits for the coordinator to learn a token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepPlan {
     pub term: u64,
@@ -178,8 +195,17 @@ pub struct StepPlan {
     /// Consecutive within an epoch, from 0.
     pub step: u64,
     pub free: Vec<SeqId>,
-    pub prefill: Vec<NewSeq>,
+    pub new: Vec<NewSeq>,
+    pub prefill: Vec<PrefillChunk>,
     pub decode: Vec<SeqId>,
+}
+
+/// Up to `tokens` more prompt tokens of a sequence (fewer when the prefix cache already
+/// holds some; none when its prompt is complete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillChunk {
+    pub seq: SeqId,
+    pub tokens: u32,
 }
 
 /// A sequence entering the group.
@@ -187,8 +213,11 @@ pub struct StepPlan {
 pub struct NewSeq {
     pub seq: SeqId,
     pub prompt: Vec<u32>,
+    /// Tokens already generated (and sent to the client) before the sequence was
+    /// preempted: recomputed with the prompt, never sampled again.
+    pub generated: Vec<u32>,
     pub sampling: Sampling,
-    /// Tokens to generate at most (the first comes from the prefill).
+    /// Tokens to generate at most, counting `generated`.
     pub max_tokens: u32,
     /// Tokens that end the sequence (end-of-sequence ids and request stop ids).
     pub stop_token_ids: Vec<u32>,
@@ -208,6 +237,8 @@ pub struct Sampling {
     /// Always set: the coordinator draws one when the request has none, so every rank
     /// and every retry of the sequence samples the same way.
     pub seed: u64,
+    /// `Some(k)`: report the sampled token's logprob and the `k` most likely tokens'.
+    pub logprobs: Option<u8>,
 }
 
 impl Default for Sampling {
@@ -221,6 +252,7 @@ impl Default for Sampling {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logprobs: None,
         }
     }
 }

@@ -8,8 +8,8 @@ use tessera_comm::CommError;
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
     Assignment, Bootstrap, CoordinatorMsg, ErrorClass, FinishReason, NewSeq, PROTOCOL_VERSION,
-    Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone, StepPlan, StepTimings,
-    WireError,
+    PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone, StepPlan,
+    StepTimings, TokenLogprobs, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -46,19 +46,26 @@ fn shard_msgs() -> Vec<ShardMsg> {
                     seq: SeqId(1),
                     token: 128_000,
                     finish: None,
+                    logprobs: Some(TokenLogprobs {
+                        logprob: -0.25,
+                        top: vec![(128_000, -0.25), (5, -1.5)],
+                    }),
                 },
                 SeqToken {
                     seq: SeqId(u64::MAX),
                     token: 0,
                     finish: Some(FinishReason::Stop),
+                    logprobs: None,
                 },
                 SeqToken {
                     seq: SeqId(7),
                     token: 13,
                     finish: Some(FinishReason::Length),
+                    logprobs: None,
                 },
             ],
             free_blocks: 100,
+            cached: vec![(SeqId(7), 48)],
             timings: StepTimings {
                 step_us: 1500,
                 collective_us: 300,
@@ -82,9 +89,10 @@ fn step_plan() -> StepPlan {
         epoch: 2,
         step: 99,
         free: vec![SeqId(3), SeqId(4)],
-        prefill: vec![NewSeq {
+        new: vec![NewSeq {
             seq: SeqId(10),
             prompt: (0..5000).map(|i| i * 37 % 150_000).collect(),
+            generated: vec![17, 18],
             sampling: Sampling {
                 temperature: 0.7,
                 top_k: 40,
@@ -94,9 +102,14 @@ fn step_plan() -> StepPlan {
                 presence_penalty: 0.5,
                 frequency_penalty: -0.5,
                 seed: 1234,
+                logprobs: Some(5),
             },
             max_tokens: 256,
             stop_token_ids: vec![2, 128_001],
+        }],
+        prefill: vec![PrefillChunk {
+            seq: SeqId(10),
+            tokens: 512,
         }],
         decode: vec![SeqId(1), SeqId(2)],
     }
@@ -126,6 +139,7 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
             epoch: 0,
             step: 0,
             free: Vec::new(),
+            new: Vec::new(),
             prefill: Vec::new(),
             decode: Vec::new(),
         }),
@@ -214,7 +228,7 @@ async fn oversize_length_prefix_is_refused_before_allocation() {
 #[test]
 fn encoding_past_the_frame_limit_is_refused_at_the_sender() {
     let mut plan = step_plan();
-    plan.prefill[0].prompt = vec![u32::MAX; MAX_FRAME_BYTES / 4];
+    plan.new[0].prompt = vec![u32::MAX; MAX_FRAME_BYTES / 4];
     let err = encode(&CoordinatorMsg::Step(plan)).unwrap_err();
     assert!(matches!(err, CommError::FrameTooLarge { .. }), "{err}");
 }

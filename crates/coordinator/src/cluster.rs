@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use tessera_comm::proto::{ErrorClass, WireError};
 use tessera_topology::{Collective, Topology};
 
-use crate::engine::{BoxFuture, Engine, GenerateOutput, GenerateRequest};
+use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
 use crate::group::GroupHandle;
 use crate::group::driver::{self, GroupConfig, Limits};
 
@@ -71,10 +71,7 @@ impl Cluster {
 }
 
 impl Engine for Cluster {
-    fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<GenerateOutput, WireError>> {
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         Box::pin(async move {
             let group = self.route(&request.model).ok_or_else(|| WireError {
                 class: ErrorClass::InvalidRequest,
@@ -83,6 +80,26 @@ impl Engine for Cluster {
             })?;
             group.generate(request).await
         })
+    }
+
+    fn admission(&self, _model: &str) -> Result<(), WireError> {
+        Ok(())
+    }
+
+    fn status(&self) -> ClusterStatus {
+        ClusterStatus {
+            groups: self
+                .groups
+                .values()
+                .map(|g| GroupStatus {
+                    name: g.name.clone(),
+                    model: g.model.clone(),
+                    tp: g.tp,
+                    state: if g.is_ready() { "serving" } else { "down" },
+                    ..GroupStatus::default()
+                })
+                .collect(),
+        }
     }
 
     fn ready(&self, model: &str) -> bool {

@@ -1,14 +1,19 @@
 //! The boundary between the HTTP API and whatever runs requests: a validated
-//! [`GenerateRequest`] in, a [`GenerateOutput`] or a typed [`WireError`] out.
+//! [`GenerateRequest`] in, a [`TokenStream`] of [`TokenEvent`]s (or a typed [`WireError`])
+//! out, plus the cluster's status for `/ready`, `/v1/cluster` and the status page.
 //!
-//! The coordinator's group driver implements [`Engine`]; API tests use a mock.
+//! The coordinator's [`crate::cluster::Cluster`] implements [`Engine`]; API tests use a mock.
 
 use std::future::Future;
 use std::pin::Pin;
 
+use serde::Serialize;
 use tessera_comm::proto::{FinishReason, Sampling, WireError};
+use tokio::sync::mpsc;
 
-/// One generation, already validated and tokenized by the API layer.
+pub use tessera_comm::proto::TokenLogprobs;
+
+/// One sequence to generate, already validated and tokenized by the API layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateRequest {
     /// The topology's model name.
@@ -16,16 +21,61 @@ pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     /// At least 1; prompt + max_tokens fits the model's context.
     pub max_tokens: u32,
+    /// Includes `logprobs`: how many top alternatives each token reports, if any.
     pub sampling: Sampling,
     /// End-of-sequence ids of the model plus the request's stop ids.
     pub stop_token_ids: Vec<u32>,
+    /// Lower runs first (vLLM's convention); 0 by default. Among equal priorities,
+    /// earlier requests run first.
+    pub priority: i32,
 }
 
-/// The tokens generated for one request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One sampled token of a sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// Present when the request asked for logprobs.
+    pub logprobs: Option<TokenLogprobs>,
+    /// Set on the last token of the sequence.
+    pub finish: Option<FinishReason>,
+}
+
+/// The tokens of one sequence, as they are sampled. It ends after the event with a
+/// `finish`, or with one `Err` (the group failed, the request was cancelled). Dropping the
+/// receiver cancels the sequence: the scheduler stops planning it and its KV blocks are
+/// freed on every shard.
+pub type TokenStream = mpsc::UnboundedReceiver<Result<TokenEvent, WireError>>;
+
+/// Every token of a finished sequence.
+#[derive(Clone, Debug, PartialEq)]
 pub struct GenerateOutput {
     pub tokens: Vec<u32>,
+    /// One entry per token when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprobs>,
     pub finish: FinishReason,
+}
+
+/// Reads `stream` to its end.
+pub async fn collect(mut stream: TokenStream) -> Result<GenerateOutput, WireError> {
+    let mut tokens = Vec::new();
+    let mut logprobs = Vec::new();
+    while let Some(event) = stream.recv().await {
+        let event = event?;
+        tokens.push(event.token);
+        logprobs.extend(event.logprobs);
+        if let Some(finish) = event.finish {
+            return Ok(GenerateOutput {
+                tokens,
+                logprobs,
+                finish,
+            });
+        }
+    }
+    Err(WireError {
+        class: tessera_comm::proto::ErrorClass::Internal,
+        message: "the sequence's stream ended without a finish".into(),
+        rank: None,
+    })
 }
 
 /// A boxed future, so that [`Engine`] stays object-safe.
@@ -33,13 +83,63 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Runs generation requests.
 pub trait Engine: Send + Sync + 'static {
-    /// Runs `request` to completion. Errors carry their class (capacity, unavailable,
-    /// deadline, internal) and, for a shard failure, the rank to blame.
-    fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<GenerateOutput, WireError>>;
+    /// Queues `request` on a group of its model and returns its token stream. Errors carry
+    /// their class: `CapacityExhausted` when every queue is full (HTTP 429), `InvalidRequest`
+    /// when it could never fit the group's KV cache, `Unavailable` when no group can take it.
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>>;
 
-    /// True when at least one group serving `model` is ready to take a step.
+    /// Whether a request for `model` would be queued now: `Err` with `CapacityExhausted`
+    /// when every group's waiting queue is full. Cheap; the API asks before tokenizing.
+    fn admission(&self, model: &str) -> Result<(), WireError>;
+
+    /// True when at least one group serving `model` can take a step now.
     fn ready(&self, model: &str) -> bool;
+
+    /// Every group and shard, for `/v1/cluster` and the status page.
+    fn status(&self) -> ClusterStatus;
+}
+
+/// The live state of the cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClusterStatus {
+    pub groups: Vec<GroupStatus>,
+}
+
+/// One tensor-parallel group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GroupStatus {
+    pub name: String,
+    pub model: String,
+    pub tp: usize,
+    /// `down` (a rank is missing), `assigning` (loading / joining), `serving`.
+    pub state: &'static str,
+    pub epoch: u64,
+    /// Sequences with KV on the shards / waiting in the queue.
+    pub running: usize,
+    pub waiting: usize,
+    /// KV blocks per rank, and those in use (the scheduler's count).
+    pub kv_blocks: u32,
+    pub kv_blocks_used: u32,
+    pub block_size: u32,
+    /// Tokens generated per second over the last few seconds.
+    pub tokens_per_second: f64,
+    /// Prompt tokens served from the prefix cache, since start.
+    pub prefix_cache_hit_tokens: u64,
+    pub shards: Vec<ShardStatus>,
+}
+
+/// One rank of a group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ShardStatus {
+    pub rank: u32,
+    /// The topology's host name.
+    pub host: String,
+    /// `disconnected`, `connected`, `loading`, `ready`.
+    pub state: &'static str,
+    pub pid: Option<u32>,
+    pub device: Option<String>,
+    /// Weights this rank holds, once loaded.
+    pub weight_bytes: u64,
+    /// KV blocks this rank reported free after its last step.
+    pub kv_blocks_free: u32,
 }

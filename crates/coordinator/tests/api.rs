@@ -11,7 +11,9 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
 use tessera_coordinator::api::{self, ApiState, MAX_BODY_BYTES, ServedModel};
-use tessera_coordinator::engine::{BoxFuture, Engine, GenerateOutput, GenerateRequest};
+use tessera_coordinator::engine::{
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, TokenEvent, TokenStream,
+};
 use tessera_model::tokenizer::Tokenizer;
 
 const TEXT_MODEL: &str = "tiny-spm";
@@ -55,25 +57,40 @@ impl MockEngine {
 }
 
 impl Engine for MockEngine {
-    fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<GenerateOutput, WireError>> {
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         self.requests.lock().unwrap().push(request.clone());
         let reply = self.reply.clone();
         Box::pin(async move {
             match reply {
-                Reply::EchoPrompt(k) => Ok(GenerateOutput {
-                    tokens: request.prompt.iter().copied().take(k).collect(),
-                    finish: FinishReason::Length,
-                }),
+                Reply::EchoPrompt(k) => {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    let tokens: Vec<u32> = request.prompt.iter().copied().take(k).collect();
+                    let last = tokens.len().saturating_sub(1);
+                    for (i, token) in tokens.into_iter().enumerate() {
+                        let finish = (i == last).then_some(FinishReason::Length);
+                        let _ = tx.send(Ok(TokenEvent {
+                            token,
+                            logprobs: None,
+                            finish,
+                        }));
+                    }
+                    Ok(rx)
+                }
                 Reply::Fail(error) => Err(error),
             }
         })
     }
 
+    fn admission(&self, _model: &str) -> Result<(), WireError> {
+        Ok(())
+    }
+
     fn ready(&self, _model: &str) -> bool {
         self.ready
+    }
+
+    fn status(&self) -> ClusterStatus {
+        ClusterStatus::default()
     }
 }
 

@@ -35,7 +35,7 @@ struct Seq {
 }
 
 /// What one step produced on this rank.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct StepOutput {
     /// Every token sampled in this step, in plan order (the same on every rank).
     pub tokens: Vec<SeqToken>,
@@ -90,14 +90,22 @@ impl Engine {
             }
         }
         let mut sampled: Vec<(SeqId, u32, Option<FinishReason>)> = Vec::new();
-        for new in &plan.prefill {
+        for new in &plan.new {
             self.admit(plan.step, new)?;
-            let seq = self.seqs.get_mut(&new.seq).expect("admitted above");
+        }
+        for chunk in &plan.prefill {
+            let seq = self
+                .seqs
+                .get_mut(&chunk.seq)
+                .ok_or_else(|| ShardError::BadPlan {
+                    step: plan.step,
+                    message: format!("prefill of unknown sequence {}", chunk.seq),
+                })?;
             let mut logits = Vec::new();
-            for chunk in new.prompt.chunks(PREFILL_CHUNK_TOKENS) {
-                logits = model.forward(chunk, &mut seq.cache, &mut self.cache, comm)?;
+            for part in seq.prompt.chunks(PREFILL_CHUNK_TOKENS) {
+                logits = model.forward(part, &mut seq.cache, &mut self.cache, comm)?;
             }
-            sampled.push(sample(new.seq, seq, &mut logits, model));
+            sampled.push(sample(chunk.seq, seq, &mut logits, model));
         }
         for id in &plan.decode {
             let seq = self.seqs.get_mut(id).ok_or_else(|| ShardError::BadPlan {
@@ -126,6 +134,7 @@ impl Engine {
                 seq: id,
                 token,
                 finish,
+                logprobs: None,
             });
         }
         Ok(out)

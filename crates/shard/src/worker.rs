@@ -124,6 +124,7 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                             step: plan.step,
                             tokens,
                             free_blocks: current.engine.free_blocks() as u32,
+                            cached: Vec::new(),
                             timings,
                         }));
                     }

@@ -20,7 +20,7 @@ use tracing::Span;
 use super::error::ApiError;
 use super::types::{CompletionChoice, CompletionResponse, CompletionSpec, PromptSpec, Usage};
 use super::{ApiJson, ApiState, ServedModel};
-use crate::engine::GenerateRequest;
+use crate::engine::{GenerateRequest, collect};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -48,7 +48,7 @@ pub(crate) async fn create_completion(
     } = validate(model, spec).await?;
     let prompt_tokens = request.prompt.len();
     let prompt_token_ids = return_token_ids.then(|| request.prompt.clone());
-    let output = state.engine.generate(request).await?;
+    let output = collect(state.engine.generate(request).await?).await?;
     let text = match &model.tokenizer {
         Some(tokenizer) => tokenizer
             .decode(&output.tokens, true)
@@ -145,6 +145,7 @@ async fn validate(model: &ServedModel, spec: CompletionSpec) -> Result<ValidComp
             max_tokens,
             sampling,
             stop_token_ids,
+            priority: 0,
         },
         return_token_ids: spec.return_token_ids,
     })
@@ -184,6 +185,7 @@ fn sampling(spec: &CompletionSpec) -> Result<Sampling, ApiError> {
         presence_penalty: in_range(spec.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
         frequency_penalty: in_range(spec.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
         seed,
+        logprobs: None,
     })
 }
 

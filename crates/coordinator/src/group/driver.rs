@@ -23,8 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use super::scheduler::{Finished, Scheduler};
-use super::{GroupCommand, GroupHandle, ShardLink};
-use crate::engine::{GenerateOutput, GenerateRequest};
+use super::{GroupCommand, GroupHandle, ShardLink, TokenSender};
+use crate::engine::{GenerateRequest, TokenEvent};
 use crate::metrics as m;
 
 /// How a group's ranks find each other, and the limits it runs under.
@@ -148,7 +148,7 @@ struct Driver {
     /// The last epoch handed out.
     epoch: u64,
     next_conn: u64,
-    waiting: HashMap<SeqId, oneshot::Sender<Result<GenerateOutput, WireError>>>,
+    waiting: HashMap<SeqId, TokenSender>,
     /// Per rank: the highest step it reported done in this epoch (plus one).
     last_done: Vec<u64>,
     totals: Vec<Totals>,
@@ -169,7 +169,9 @@ impl Driver {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(GroupCommand::Attach { rank, link }) => self.attach(rank, link).await,
-                    Some(GroupCommand::Submit { request, reply }) => self.submit(request, reply),
+                    Some(GroupCommand::Submit { request, events, reply }) => {
+                        self.submit(request, events, reply);
+                    }
                     None => return,
                 },
                 Some(event) = shards.recv() => self.on_shard(event).await,
@@ -183,12 +185,14 @@ impl Driver {
     fn submit(
         &mut self,
         request: GenerateRequest,
-        reply: oneshot::Sender<Result<GenerateOutput, WireError>>,
+        events: TokenSender,
+        reply: oneshot::Sender<Result<(), WireError>>,
     ) {
         let seq = SeqId(self.seq_ids.fetch_add(1, Ordering::Relaxed));
         match self.sched.submit(seq, request, Instant::now()) {
             Ok(()) => {
-                self.waiting.insert(seq, reply);
+                self.waiting.insert(seq, events);
+                let _ = reply.send(Ok(()));
             }
             Err(too_large) => {
                 let _ = reply.send(Err(WireError {
@@ -325,12 +329,24 @@ impl Driver {
         if rank != Rank(0) {
             return;
         }
-        for Finished { seq, output } in
-            self.sched
-                .on_step_done(done.step, &done.tokens, Instant::now())
-        {
-            if let Some(reply) = self.waiting.remove(&seq) {
-                let _ = reply.send(Ok(output));
+        let finished: HashMap<SeqId, _> = self
+            .sched
+            .on_step_done(done.step, &done.tokens, Instant::now())
+            .into_iter()
+            .map(|Finished { seq, output }| (seq, output.finish))
+            .collect();
+        for t in done.tokens {
+            let finish = finished.get(&t.seq).copied();
+            let Some(events) = self.waiting.get(&t.seq) else {
+                continue;
+            };
+            let event = TokenEvent {
+                token: t.token,
+                logprobs: t.logprobs,
+                finish,
+            };
+            if events.send(Ok(event)).is_err() || finish.is_some() {
+                self.waiting.remove(&t.seq);
             }
         }
     }
@@ -488,8 +504,8 @@ impl Driver {
     }
 
     fn fail(&mut self, seq: SeqId, class: ErrorClass, message: String, rank: Option<Rank>) {
-        if let Some(reply) = self.waiting.remove(&seq) {
-            let _ = reply.send(Err(WireError {
+        if let Some(events) = self.waiting.remove(&seq) {
+            let _ = events.send(Err(WireError {
                 class,
                 message,
                 rank,

@@ -18,7 +18,7 @@ use tessera_comm::proto::{ErrorClass, WireError};
 use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{GenerateOutput, GenerateRequest};
+use crate::engine::{GenerateRequest, TokenEvent, TokenStream};
 
 /// The control streams of one registered shard.
 #[derive(Debug)]
@@ -34,11 +34,16 @@ pub struct ShardLink {
 pub enum GroupCommand {
     /// A shard of this group registered (replacing any earlier connection of its rank).
     Attach { rank: Rank, link: ShardLink },
+    /// Queue a sequence; `reply` says whether it was queued, `events` carries its tokens.
     Submit {
         request: GenerateRequest,
-        reply: oneshot::Sender<Result<GenerateOutput, WireError>>,
+        events: TokenSender,
+        reply: oneshot::Sender<Result<(), WireError>>,
     },
 }
+
+/// Where a sequence's tokens go.
+pub type TokenSender = mpsc::UnboundedSender<Result<TokenEvent, WireError>>;
 
 /// A cloneable handle on a group's driver.
 #[derive(Clone, Debug)]
@@ -67,14 +72,20 @@ impl GroupHandle {
             .map_err(|_| self.stopped())
     }
 
-    /// Runs `request` on this group.
-    pub async fn generate(&self, request: GenerateRequest) -> Result<GenerateOutput, WireError> {
+    /// Queues `request` on this group; its tokens arrive on the returned stream.
+    pub async fn generate(&self, request: GenerateRequest) -> Result<TokenStream, WireError> {
         let (reply, answer) = oneshot::channel();
+        let (events, stream) = mpsc::unbounded_channel();
         self.commands
-            .send(GroupCommand::Submit { request, reply })
+            .send(GroupCommand::Submit {
+                request,
+                events,
+                reply,
+            })
             .await
             .map_err(|_| self.stopped())?;
-        answer.await.map_err(|_| self.stopped())?
+        answer.await.map_err(|_| self.stopped())??;
+        Ok(stream)
     }
 
     fn stopped(&self) -> WireError {

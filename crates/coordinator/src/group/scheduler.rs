@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{FinishReason, NewSeq, SeqId, SeqToken, StepPlan};
+use tessera_comm::proto::{FinishReason, NewSeq, PrefillChunk, SeqId, SeqToken, StepPlan};
 
 use crate::engine::{GenerateOutput, GenerateRequest};
 
@@ -47,7 +47,7 @@ struct InFlight {
 }
 
 /// What `on_step_done` finished.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub struct Finished {
     pub seq: SeqId,
     pub output: GenerateOutput,
@@ -206,6 +206,7 @@ impl Scheduler {
         }
         let mut tokens = decode.len();
         let mut prefill = Vec::with_capacity(self.admitted.len());
+        let mut new = Vec::with_capacity(self.admitted.len());
         for (seq, request) in self.admitted.drain(..) {
             tokens += request.prompt.len();
             let blocks = blocks_needed(&request, self.block_size);
@@ -218,8 +219,13 @@ impl Scheduler {
                     blocks,
                 },
             );
-            prefill.push(NewSeq {
+            prefill.push(PrefillChunk {
                 seq,
+                tokens: request.prompt.len() as u32,
+            });
+            new.push(NewSeq {
+                seq,
+                generated: Vec::new(),
                 prompt: request.prompt,
                 sampling: request.sampling,
                 max_tokens: request.max_tokens,
@@ -238,6 +244,7 @@ impl Scheduler {
             epoch: self.epoch,
             step,
             free: std::mem::take(&mut self.to_free),
+            new,
             prefill,
             decode,
         })
@@ -272,6 +279,7 @@ impl Scheduler {
                     seq: t.seq,
                     output: GenerateOutput {
                         tokens: r.tokens,
+                        logprobs: Vec::new(),
                         finish,
                     },
                 });
@@ -320,6 +328,7 @@ mod tests {
             max_tokens,
             sampling: Sampling::default(),
             stop_token_ids: vec![2],
+            priority: 0,
         }
     }
 
@@ -328,6 +337,7 @@ mod tests {
             seq: SeqId(seq),
             token,
             finish,
+            logprobs: None,
         }
     }
 
