@@ -1,9 +1,10 @@
 //! The coordinator's view of the cluster: every group's handle, by model, and the
 //! [`Engine`] the HTTP API calls — it routes a request to a group of its model.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_comm::proto::{ErrorClass, WireError};
 use tessera_topology::{Collective, Topology};
@@ -11,11 +12,14 @@ use tessera_topology::{Collective, Topology};
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
 use crate::group::GroupHandle;
 use crate::group::driver::{self, GroupConfig, Limits};
+use crate::group::scheduler::SchedulerConfig;
 
 /// Every group of the topology, with a running driver each.
 #[derive(Clone, Debug)]
 pub struct Cluster {
     groups: Arc<BTreeMap<String, GroupHandle>>,
+    /// Prompt prefix key → the group that last got it.
+    affinity: Arc<Mutex<HashMap<u64, String>>>,
 }
 
 impl Cluster {
@@ -46,14 +50,17 @@ impl Cluster {
                     model: g.model.clone(),
                     tp: g.tp,
                     tcp_peers,
+                    hosts: g.shards.iter().map(|s| s.host.clone()).collect(),
                     term,
                     limits,
+                    scheduler: SchedulerConfig::default(),
                 };
                 (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))
             })
             .collect();
         Cluster {
             groups: Arc::new(groups),
+            affinity: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -61,19 +68,97 @@ impl Cluster {
         self.groups.get(name)
     }
 
-    /// A group for `model`: the first serving one, else the first one (the request then
-    /// waits in its queue for the group to come up).
-    fn route(&self, model: &str) -> Option<&GroupHandle> {
-        let mut of_model = self.groups.values().filter(|g| g.model == model);
-        let first = of_model.clone().next();
-        of_model.find(|g| g.is_ready()).or(first)
+    /// The group for a request: see [`pick`]. Remembers which group got which prompt
+    /// prefix, so that requests sharing one land where its KV blocks are cached.
+    fn route(&self, request: &GenerateRequest) -> Option<&GroupHandle> {
+        let groups: Vec<&GroupHandle> = self
+            .groups
+            .values()
+            .filter(|g| g.model == request.model)
+            .collect();
+        let loads: Vec<Load> = groups.iter().map(|g| Load::of(&g.status())).collect();
+        let key = prefix_key(&request.prompt);
+        let mut affinity = self.affinity.lock().unwrap_or_else(PoisonError::into_inner);
+        let preferred = key
+            .and_then(|k| affinity.get(&k))
+            .and_then(|name| groups.iter().position(|g| &g.name == name));
+        let chosen = groups.get(pick(&loads, preferred)?)?;
+        if let Some(k) = key {
+            if affinity.len() >= AFFINITY_ENTRIES {
+                affinity.clear();
+            }
+            affinity.insert(k, chosen.name.clone());
+        }
+        Some(*chosen)
+    }
+}
+
+/// Prompt prefixes remembered for routing (cleared when full: a cheap bound).
+const AFFINITY_ENTRIES: usize = 4096;
+
+/// Tokens of a prompt that key its routing affinity: a few KV blocks' worth, so requests
+/// with one system prompt share a key.
+const AFFINITY_TOKENS: usize = 64;
+
+fn prefix_key(prompt: &[u32]) -> Option<u64> {
+    (prompt.len() > AFFINITY_TOKENS).then(|| {
+        let mut h = DefaultHasher::new();
+        prompt[..AFFINITY_TOKENS].hash(&mut h);
+        h.finish()
+    })
+}
+
+/// What routing weighs of one group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Load {
+    serving: bool,
+    waiting: usize,
+    running: usize,
+    /// Fraction of KV blocks not in use.
+    headroom: f64,
+}
+
+impl Load {
+    fn of(s: &GroupStatus) -> Load {
+        Load {
+            serving: s.state == "serving",
+            waiting: s.waiting,
+            running: s.running,
+            headroom: if s.kv_blocks == 0 {
+                0.0
+            } else {
+                1.0 - f64::from(s.kv_blocks_used) / f64::from(s.kv_blocks)
+            },
+        }
+    }
+
+    /// Lower is better: queued work first, then running work, less the free KV share.
+    fn cost(&self) -> f64 {
+        4.0 * self.waiting as f64 + self.running as f64 - 8.0 * self.headroom
+    }
+}
+
+/// The group to route to: serving groups before others (a request may wait for a group
+/// to come up), the least loaded first; the `preferred` one (prefix affinity) when its
+/// cost is within a few requests of the best.
+fn pick(loads: &[Load], preferred: Option<usize>) -> Option<usize> {
+    let serving = loads.iter().any(|l| l.serving);
+    let candidates = (0..loads.len()).filter(|&i| loads[i].serving || !serving);
+    let best = candidates.min_by(|&a, &b| loads[a].cost().total_cmp(&loads[b].cost()))?;
+    match preferred {
+        Some(p)
+            if (loads[p].serving || !serving) && loads[p].cost() <= loads[best].cost() + 8.0 =>
+        {
+            Some(p)
+        }
+        _ => Some(best),
     }
 }
 
 impl Engine for Cluster {
     fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         Box::pin(async move {
-            let group = self.route(&request.model).ok_or_else(|| WireError {
+            let group = self.route(&request).ok_or_else(|| WireError {
                 class: ErrorClass::InvalidRequest,
                 message: format!("no group serves model `{}`", request.model),
                 rank: None,
@@ -82,23 +167,21 @@ impl Engine for Cluster {
         })
     }
 
-    fn admission(&self, _model: &str) -> Result<(), WireError> {
-        Ok(())
+    fn admission(&self, model: &str) -> Result<(), WireError> {
+        let mut of_model = self.groups.values().filter(|g| g.model == model).peekable();
+        if of_model.peek().is_none() || of_model.any(|g| !g.queue_full()) {
+            return Ok(());
+        }
+        Err(WireError {
+            class: ErrorClass::CapacityExhausted,
+            message: format!("every group of model `{model}` has a full queue; retry later"),
+            rank: None,
+        })
     }
 
     fn status(&self) -> ClusterStatus {
         ClusterStatus {
-            groups: self
-                .groups
-                .values()
-                .map(|g| GroupStatus {
-                    name: g.name.clone(),
-                    model: g.model.clone(),
-                    tp: g.tp,
-                    state: if g.is_ready() { "serving" } else { "down" },
-                    ..GroupStatus::default()
-                })
-                .collect(),
+            groups: self.groups.values().map(GroupHandle::status).collect(),
         }
     }
 
@@ -106,5 +189,45 @@ impl Engine for Cluster {
         self.groups
             .values()
             .any(|g| g.model == model && g.is_ready())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(serving: bool, waiting: usize, running: usize, headroom: f64) -> Load {
+        Load {
+            serving,
+            waiting,
+            running,
+            headroom,
+        }
+    }
+
+    #[test]
+    fn routing_prefers_serving_then_light_then_affine_groups() {
+        assert_eq!(pick(&[], None), None);
+        // A group that is down only gets requests when no group serves.
+        let down_idle = load(false, 0, 0, 1.0);
+        let busy = load(true, 3, 10, 0.2);
+        assert_eq!(pick(&[down_idle, busy], None), Some(1));
+        assert_eq!(pick(&[down_idle, load(false, 5, 0, 0.0)], None), Some(0));
+        // The least loaded serving group…
+        let light = load(true, 0, 2, 0.9);
+        assert_eq!(pick(&[busy, light], None), Some(1));
+        // …unless the prefix's group is close enough.
+        let warm = load(true, 0, 5, 0.7);
+        assert_eq!(pick(&[light, warm], Some(1)), Some(1));
+        assert_eq!(pick(&[light, busy], Some(1)), Some(0));
+    }
+
+    #[test]
+    fn only_prompts_longer_than_the_affinity_window_have_a_key() {
+        let long: Vec<u32> = (0..100).collect();
+        let mut other = long.clone();
+        other[99] = 7;
+        assert_eq!(prefix_key(&long), prefix_key(&other));
+        assert!(prefix_key(&long[..64]).is_none());
     }
 }

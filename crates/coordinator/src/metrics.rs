@@ -17,6 +17,22 @@ pub const SHARD_IDLE_SECONDS: &str = "tessera_shard_idle_seconds";
 pub const GROUP_FENCES: &str = "tessera_group_fences_total";
 /// The group's current epoch (gauge).
 pub const GROUP_EPOCH: &str = "tessera_group_epoch";
+/// Sequences with KV on the group's shards (gauge).
+pub const SCHED_RUNNING: &str = "tessera_scheduler_running_sequences";
+/// Requests waiting for admission (gauge).
+pub const SCHED_WAITING: &str = "tessera_scheduler_waiting_sequences";
+/// Sequences preempted (freed, to be recomputed) for lack of KV blocks (counter).
+pub const SCHED_PREEMPTIONS: &str = "tessera_scheduler_preemptions_total";
+/// Requests refused because the waiting queue was full (counter).
+pub const SCHED_REJECTED: &str = "tessera_scheduler_rejected_total";
+/// KV blocks counted in use by the scheduler, per group (gauge).
+pub const KV_BLOCKS_USED: &str = "tessera_kv_blocks_used";
+/// KV blocks rank 0 reported allocatable (free or cached-unreferenced) (gauge).
+pub const KV_BLOCKS_FREE: &str = "tessera_kv_blocks_free";
+/// Prompt tokens served from the shards' prefix cache (counter).
+pub const PREFIX_CACHE_HIT_TOKENS: &str = "tessera_prefix_cache_hit_tokens_total";
+/// Tokens computed per step (prompt chunks + decodes) (histogram).
+pub const STEP_TOKENS: &str = "tessera_scheduler_step_tokens";
 
 /// Installs the process-wide recorder; `None` if one is already installed (a second
 /// coordinator in one test process).

@@ -87,6 +87,7 @@ async fn handle(
         send,
         recv,
         pid: register.pid,
+        device: register.device.clone(),
     };
     group
         .attach(register.rank, link)

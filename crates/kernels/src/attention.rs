@@ -39,14 +39,16 @@ pub struct PagedKv<'a> {
     pub v: &'a [f32],
 }
 
-/// Attention for `n` query tokens of one sequence.
+/// Attention for `n` query tokens, of one or many sequences.
 ///
 /// `q` holds `n × heads × head_dim` values; token `t` attends to positions
-/// `0..visible[t]` (causal prefill: `visible[t] = pos_t + 1`). `out` has q's shape.
+/// `0..visible[t]` of the sequence whose block table is `tables[t]` (causal prefill:
+/// `visible[t] = pos_t + 1`). `out` has q's shape. Every (token, head) is computed on its
+/// own, in the same order whatever else is in the batch: results are batch invariant.
 pub fn paged_attention(
     q: &[f32],
     kv: &PagedKv<'_>,
-    block_table: &[u32],
+    tables: &[&[u32]],
     visible: &[usize],
     heads: usize,
     out: &mut [f32],
@@ -59,7 +61,7 @@ pub fn paged_attention(
         .enumerate()
         .for_each_init(Vec::new, |scores, (i, (o, qh))| {
             let (t, h) = (i / heads, i % heads);
-            attend_head(qh, kv, block_table, visible[t], h / group, scale, scores, o);
+            attend_head(qh, kv, tables[t], visible[t], h / group, scale, scores, o);
         });
 }
 
@@ -182,7 +184,7 @@ mod tests {
             k: &kp,
             v: &vp,
         };
-        paged_attention(&q, &kv, &table, &visible, heads, &mut got);
+        paged_attention(&q, &kv, &[&table[..]; 3], &visible, heads, &mut got);
         let mut want = vec![0.0; q.len()];
         attention_reference(&q, &k, &v, 2, 8, heads, &visible, &mut want);
         for (a, b) in got.iter().zip(&want) {

@@ -1,6 +1,10 @@
 //! Token sampling: penalties, temperature, top-k, top-p (nucleus), min-p, and a seeded RNG
 //! so that a request with a seed is reproducible.
 //!
+//! The draw for the `i`-th generated token comes from its own RNG stream (seed, stream
+//! `i`), not from a stream shared by the whole sequence: a sequence recomputed after
+//! preemption, or sampled by another rank, draws exactly the same tokens.
+//!
 //! Order of operations (as vLLM and transformers apply them): repetition, presence and
 //! frequency penalties on the raw logits; then greedy argmax when `temperature == 0`;
 //! otherwise temperature, top-k, softmax, top-p, min-p, and one draw.
@@ -44,11 +48,11 @@ impl Default for SamplingParams {
     }
 }
 
-/// Samples tokens for one sequence; owns its RNG stream.
+/// Samples tokens for one sequence.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: ChaCha8Rng,
+    seed: u64,
     candidates: Vec<(u32, f32)>,
 }
 
@@ -59,7 +63,7 @@ impl Sampler {
         let seed = params.seed.unwrap_or(fallback_seed);
         Sampler {
             params,
-            rng: ChaCha8Rng::seed_from_u64(seed),
+            seed,
             candidates: Vec::new(),
         }
     }
@@ -113,7 +117,9 @@ impl Sampler {
             c.retain(|e| e.1 >= floor);
         }
         let total: f32 = c.iter().map(|e| e.1).sum();
-        let mut draw = self.rng.random::<f32>() * total;
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(generated.len() as u64);
+        let mut draw = rng.random::<f32>() * total;
         for e in c.iter() {
             draw -= e.1;
             if draw <= 0.0 {
@@ -122,6 +128,33 @@ impl Sampler {
         }
         c[c.len() - 1].0
     }
+}
+
+/// The log-probability of `token` under `logits` (log-softmax, f64 sums), and the `top`
+/// most likely tokens with theirs, most likely first (lower id first on ties).
+pub fn logprobs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(l) - log_z) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() == top && l <= best[top - 1].1 {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (i as u32, l));
+            best.truncate(top);
+        }
+    }
+    let chosen = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| logprob(l));
+    (
+        chosen,
+        best.into_iter().map(|(t, l)| (t, logprob(l))).collect(),
+    )
 }
 
 /// Index of the largest logit; the first one on ties (as `torch.argmax`).
@@ -177,6 +210,35 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_tokens_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let (chosen, top) = logprobs(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        assert!((f64::from(chosen) - (2.0 - z.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        assert!((f64::from(top[0].1) - (3.0 - z.ln())).abs() < 1e-6);
+        assert!(logprobs(&logits, 0, 0).1.is_empty());
+    }
+
+    #[test]
+    fn each_draw_depends_only_on_the_seed_and_the_token_index() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(7),
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let mut a = Sampler::new(params.clone(), 0);
+        let first: Vec<u32> = (0..20)
+            .map(|i| a.sample(&mut logits.clone(), &[1], &vec![0; i]))
+            .collect();
+        // A fresh sampler asked for token 12 alone draws what the first drew for it.
+        let mut b = Sampler::new(params, 0);
+        assert_eq!(b.sample(&mut logits.clone(), &[1], &[0; 12]), first[12]);
+    }
+
+    #[test]
     fn greedy_takes_first_maximum() {
         let mut s = sampler(SamplingParams::default());
         assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0], &[], &[]), 1);
@@ -223,8 +285,9 @@ mod tests {
             ..Default::default()
         });
         let mut seen = [0; 4];
-        for _ in 0..400 {
-            seen[s.sample(&mut [10.0, 9.0, 0.0, 0.0], &[], &[]) as usize] += 1;
+        // Each token index draws from its own stream: vary the index.
+        for i in 0..400 {
+            seen[s.sample(&mut [10.0, 9.0, 0.0, 0.0], &[], &vec![0; i]) as usize] += 1;
         }
         assert!(
             seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0,

@@ -1,8 +1,8 @@
-//! A paged KV cache for one process: per layer, a pool of fixed-size blocks for K and V,
-//! and a free list. Sequences hold block tables ([`SeqCache`]).
+//! The paged KV cache of one process: per layer, a pool of fixed-size blocks for K and V.
 //!
-//! This is the minimal allocator the one-process engine needs; the shard's allocator with
-//! reference counts and a prefix cache builds on the same layout.
+//! This is storage only. Which blocks a sequence holds is decided by its owner: the
+//! shard's block allocator (reference counts, prefix cache) for a serving group, or
+//! [`SeqCache`] for one sequence that owns the whole cache (single-process generation).
 
 use tessera_kernels::attention::{KvLayout, PagedKv};
 
@@ -18,14 +18,45 @@ pub struct KvCache {
     num_blocks: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    free: Vec<u32>,
 }
 
-/// One sequence's view of the cache: its blocks in position order and its length.
+/// One sequence's part of a batched forward pass.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// The tokens to run, at positions `start..start + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// The sequence's length in the cache before this chunk.
+    pub start: usize,
+    /// The blocks of positions `0..start + tokens.len()`, in position order.
+    pub block_table: &'a [u32],
+    /// Whether the logits of the chunk's last token are wanted.
+    pub logits: bool,
+}
+
+/// A sequence that owns the cache from block 0 on: its block table is `0, 1, 2, …`.
 #[derive(Clone, Debug, Default)]
 pub struct SeqCache {
     pub block_table: Vec<u32>,
     pub len: usize,
+}
+
+impl SeqCache {
+    /// Extends the block table to hold `new_len` positions.
+    pub fn grow(&mut self, new_len: usize, cache: &KvCache) -> Result<(), ModelError> {
+        let needed = new_len.div_ceil(cache.layout.block_size);
+        if needed > cache.num_blocks {
+            return Err(ModelError::InvalidRequest {
+                message: format!(
+                    "the KV cache holds {} positions; this sequence needs {new_len}",
+                    cache.num_blocks * cache.layout.block_size
+                ),
+            });
+        }
+        while self.block_table.len() < needed {
+            self.block_table.push(self.block_table.len() as u32);
+        }
+        Ok(())
+    }
 }
 
 impl KvCache {
@@ -37,7 +68,6 @@ impl KvCache {
             num_blocks,
             k: (0..layers).map(|_| vec![0.0; pool]).collect(),
             v: (0..layers).map(|_| vec![0.0; pool]).collect(),
-            free: (0..num_blocks as u32).rev().collect(),
         }
     }
 
@@ -52,38 +82,13 @@ impl KvCache {
         self.layout
     }
 
-    pub fn free_blocks(&self) -> usize {
-        self.free.len()
-    }
-
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
-    /// Grows `seq`'s block table to hold `new_len` positions.
-    pub fn reserve(&mut self, seq: &mut SeqCache, new_len: usize) -> Result<(), ModelError> {
-        let needed = new_len.div_ceil(self.layout.block_size);
-        while seq.block_table.len() < needed {
-            let block = self.free.pop().ok_or_else(|| ModelError::InvalidRequest {
-                message: format!(
-                    "the KV cache holds {} positions; this sequence needs {new_len}",
-                    self.num_blocks * self.layout.block_size
-                ),
-            })?;
-            seq.block_table.push(block);
-        }
-        Ok(())
-    }
-
-    /// Returns `seq`'s blocks to the free list.
-    pub fn release(&mut self, seq: &mut SeqCache) {
-        self.free.append(&mut seq.block_table);
-        seq.len = 0;
-    }
-
     /// Writes K and V of one position (`kv_heads × head_dim` values each) for `layer`.
-    pub fn write(&mut self, layer: usize, seq: &SeqCache, pos: usize, k: &[f32], v: &[f32]) {
-        let at = self.layout.offset(&seq.block_table, pos, 0);
+    pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
+        let at = self.layout.offset(block_table, pos, 0);
         let n = k.len();
         self.k[layer][at..at + n].copy_from_slice(k);
         self.v[layer][at..at + n].copy_from_slice(v);
@@ -118,5 +123,21 @@ mod tests {
             9
         );
         assert_eq!(KvCache::blocks_for_budget(layout, 0, 1 << 20), 0);
+    }
+
+    #[test]
+    fn a_lone_sequence_grows_through_the_blocks_in_order() {
+        let layout = KvLayout {
+            block_size: 4,
+            kv_heads: 1,
+            head_dim: 2,
+        };
+        let cache = KvCache::new(layout, 1, 3);
+        let mut seq = SeqCache::default();
+        seq.grow(5, &cache).unwrap();
+        assert_eq!(seq.block_table, [0, 1]);
+        seq.grow(12, &cache).unwrap();
+        assert_eq!(seq.block_table, [0, 1, 2]);
+        assert!(seq.grow(13, &cache).is_err());
     }
 }

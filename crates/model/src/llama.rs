@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv_cache::{KvCache, SeqCache};
+use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
 use crate::weights::{TensorId, TensorSource, Weight, check_shape};
 
 /// A projection with an optional bias.
@@ -77,10 +77,12 @@ struct Layer {
 struct Pass<'a> {
     config: &'a ModelConfig,
     rope: &'a Rope,
-    tables: RopeTables,
+    rope_tables: RopeTables,
     positions: Vec<usize>,
     /// Positions each token attends to (causal: its own position + 1).
     visible: Vec<usize>,
+    /// The block table of each token's sequence.
+    tables: Vec<&'a [u32]>,
     /// This rank's query heads and KV heads.
     heads: usize,
     kv_heads: usize,
@@ -94,7 +96,6 @@ impl Layer {
         l: usize,
         pass: &Pass<'_>,
         s: &mut Scratch,
-        seq: &SeqCache,
         cache: &mut KvCache,
         comm: &mut dyn Collective,
     ) -> Result<(), ModelError> {
@@ -112,16 +113,16 @@ impl Layer {
             s.q.chunks_exact_mut(q_len)
                 .zip(s.k.chunks_exact_mut(kv_len));
         for (t, ((q, k), v)) in rows.zip(s.v.chunks_exact(kv_len)).enumerate() {
-            pass.rope.apply(&pass.tables, t, q);
-            pass.rope.apply(&pass.tables, t, k);
-            cache.write(l, seq, pass.positions[t], k, v);
+            pass.rope.apply(&pass.rope_tables, t, q);
+            pass.rope.apply(&pass.rope_tables, t, k);
+            cache.write(l, pass.tables[t], pass.positions[t], k, v);
         }
         s.attn.resize(s.q.len(), 0.0);
         let kv = cache.layer(l);
         paged_attention(
             &s.q,
             &kv,
-            &seq.block_table,
+            &pass.tables,
             &pass.visible,
             pass.heads,
             &mut s.attn,
@@ -450,50 +451,55 @@ impl Llama {
         }
     }
 
-    /// Runs `tokens` (the next positions of `seq`) through the model, appends their K/V to
-    /// the cache and returns the logits of the last token over the whole vocabulary.
+    /// Runs one batch through the model: each [`SeqChunk`] is the next tokens of one
+    /// sequence. Their K/V are written to the cache through the chunks' block tables, and
+    /// the logits of the last token of every chunk that asks for them are returned over
+    /// the whole vocabulary, in batch order.
     ///
-    /// Every rank of the group calls this with the same tokens; `comm` is the group's
+    /// Every token's result is computed the same way whatever else is in the batch
+    /// (batch-invariant kernels), so a sequence's tokens do not depend on its neighbours.
+    /// Every rank of the group calls this with the same batch; `comm` is the group's
     /// collective ([`tessera_comm::Solo`] for tp = 1), and every rank gets the same logits.
-    pub fn forward(
+    pub fn forward_batch(
         &self,
-        tokens: &[u32],
-        seq: &mut SeqCache,
+        batch: &[SeqChunk<'_>],
         cache: &mut KvCache,
         comm: &mut dyn Collective,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
-        let n = tokens.len();
+        self.check_group(cache, comm)?;
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         if n == 0 {
             return Err(ModelError::InvalidRequest {
                 message: "no tokens to run".into(),
             });
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::InvalidRequest {
-                message: format!(
-                    "token id {bad} is outside the vocabulary of {}",
-                    c.vocab_size
-                ),
-            });
+        let mut tokens = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut tables = Vec::with_capacity(n);
+        let mut wanted = Vec::new();
+        for chunk in batch {
+            self.check_chunk(chunk, cache)?;
+            tokens.extend_from_slice(chunk.tokens);
+            positions.extend(chunk.start..chunk.start + chunk.tokens.len());
+            tables.extend(std::iter::repeat_n(chunk.block_table, chunk.tokens.len()));
+            if chunk.logits && !chunk.tokens.is_empty() {
+                wanted.push(tokens.len() - 1);
+            }
         }
-        self.check_group(cache, comm)?;
-        let start = seq.len;
-        cache.reserve(seq, start + n)?;
-        let positions: Vec<usize> = (start..start + n).collect();
         let visible: Vec<usize> = positions.iter().map(|p| p + 1).collect();
-        let tables = self.rope.tables(&positions);
         let hidden = c.hidden_size;
         let mut s = Scratch {
             x: vec![0.0; n * hidden],
             h: vec![0.0; n * hidden],
             ..Default::default()
         };
-        self.embed_tokens(tokens, &mut s.x, comm)?;
+        self.embed_tokens(&tokens, &mut s.x, comm)?;
         let plan = &self.sharding.plan;
         let pass = Pass {
             config: c,
             rope: &self.rope,
+            rope_tables: self.rope.tables(&positions),
             tables,
             positions,
             visible,
@@ -501,13 +507,63 @@ impl Llama {
             kv_heads: plan.kv_heads.len(),
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.run(l, &pass, &mut s, seq, cache, comm)?;
+            layer.run(l, &pass, &mut s, cache, comm)?;
         }
-        seq.len = start + n;
-        let last = &s.x[(n - 1) * hidden..];
-        let mut normed = vec![0.0; hidden];
-        rms_norm(last, &self.final_norm, c.rms_norm_eps, &mut normed);
-        self.logits(&normed, comm)
+        let mut normed = vec![0.0; wanted.len() * hidden];
+        for (&t, out) in wanted.iter().zip(normed.chunks_exact_mut(hidden)) {
+            let x = &s.x[t * hidden..(t + 1) * hidden];
+            rms_norm(x, &self.final_norm, c.rms_norm_eps, out);
+        }
+        self.logits(&normed, wanted.len(), comm)
+    }
+
+    /// Runs `tokens` (the next positions of `seq`) through the model and returns the
+    /// logits of the last token: one sequence that owns `cache` from block 0 (single-
+    /// sequence generation and tests; the shard's allocator hands out blocks otherwise).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        seq: &mut SeqCache,
+        cache: &mut KvCache,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<f32>, ModelError> {
+        seq.grow(seq.len + tokens.len(), cache)?;
+        let chunk = SeqChunk {
+            tokens,
+            start: seq.len,
+            block_table: &seq.block_table,
+            logits: true,
+        };
+        let mut logits = self.forward_batch(&[chunk], cache, comm)?;
+        seq.len += tokens.len();
+        logits.pop().ok_or_else(|| ModelError::InvalidRequest {
+            message: "no tokens to run".into(),
+        })
+    }
+
+    /// Refuses a chunk with tokens outside the vocabulary, or whose block table does not
+    /// cover its positions inside the cache.
+    fn check_chunk(&self, chunk: &SeqChunk<'_>, cache: &KvCache) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::InvalidRequest {
+                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+            });
+        }
+        let end = chunk.start + chunk.tokens.len();
+        let needed = end.div_ceil(cache.layout().block_size);
+        let blocks = cache.num_blocks();
+        if chunk.block_table.len() < needed
+            || chunk.block_table.iter().any(|&b| b as usize >= blocks)
+        {
+            return Err(ModelError::InvalidRequest {
+                message: format!(
+                    "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
+                    chunk.block_table.len()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Refuses a collective or cache that does not belong to this rank's slice: a wrong
@@ -562,22 +618,42 @@ impl Llama {
         Ok(())
     }
 
-    /// Logits of this rank's vocabulary rows, gathered from every rank: parts padded with
-    /// −∞ to one length for the all-gather, then un-padded in rank order.
-    fn logits(&self, normed: &[f32], comm: &mut dyn Collective) -> Result<Vec<f32>, ModelError> {
+    /// Logits of `n` tokens: this rank's vocabulary rows, gathered from every rank. Each
+    /// token's part is padded with −∞ to one length for the all-gather, then un-padded in
+    /// rank order.
+    fn logits(
+        &self,
+        normed: &[f32],
+        n: usize,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let parts = &self.sharding.vocab_parts;
-        let padded = self.config.vocab_size.div_ceil(parts.len());
-        let mut mine = vec![f32::NEG_INFINITY; padded];
-        matmul(&head.mat(), normed, &mut mine[..head.rows])?;
-        if parts.len() == 1 {
-            return Ok(mine);
+        let vocab = self.config.vocab_size;
+        let padded = vocab.div_ceil(parts.len());
+        let mut rows = vec![0.0; n * head.rows];
+        matmul(&head.mat(), normed, &mut rows)?;
+        let mut mine = vec![f32::NEG_INFINITY; n * padded];
+        for (dst, src) in mine
+            .chunks_exact_mut(padded)
+            .zip(rows.chunks_exact(head.rows))
+        {
+            dst[..head.rows].copy_from_slice(src);
         }
-        let mut gathered = vec![0.0; padded * parts.len()];
+        if parts.len() == 1 {
+            return Ok(mine.chunks_exact(padded).map(<[f32]>::to_vec).collect());
+        }
+        // Rank-major after the gather: rank r's block holds its part of every token.
+        let mut gathered = vec![0.0; n * padded * parts.len()];
         comm.all_gather(&mine, &mut gathered)?;
-        let mut logits = Vec::with_capacity(self.config.vocab_size);
-        for (part, rows) in gathered.chunks_exact(padded).zip(parts) {
-            logits.extend_from_slice(&part[..rows.len()]);
+        let mut logits = vec![Vec::with_capacity(vocab); n];
+        for (block, range) in gathered.chunks_exact(n * padded).zip(parts) {
+            for (out, part) in logits.iter_mut().zip(block.chunks_exact(padded)) {
+                out.extend_from_slice(&part[..range.len()]);
+            }
         }
         Ok(logits)
     }

@@ -1,37 +1,60 @@
 //! One rank's step execution: the sequences this rank holds, their KV blocks, and the
-//! forward passes and sampling a [`StepPlan`] asks for.
+//! batched forward pass and sampling a [`StepPlan`] asks for.
 //!
 //! Every rank of a group executes the same plans in the same order, so every rank makes
-//! the same collective calls. Rank 0 samples; the sampled tokens (and whether each
-//! sequence finished) reach the other ranks through one broadcast per step, so no rank
-//! waits for the coordinator to learn a token. The engine reads no clock and does no I/O;
-//! the worker thread drives it.
+//! the same collective calls and the same block allocations. A step is: release `free`,
+//! admit `new` (taking cached prefix blocks), then one forward pass over every prefill
+//! chunk and decode token of the step. A sequence samples when its prompt is complete and
+//! on every decode. Rank 0 samples; the sampled tokens (and whether each sequence
+//! finished) reach the other ranks through one broadcast per step, so no rank waits for
+//! the coordinator to learn a token. The engine reads no clock and does no I/O; the
+//! worker thread drives it.
 
 use std::collections::HashMap;
 
 use tessera_comm::Collective;
-use tessera_comm::proto::{FinishReason, NewSeq, Sampling, SeqId, SeqToken, StepPlan};
-use tessera_kernels::sampling::{Sampler, SamplingParams};
-use tessera_model::kv_cache::{KvCache, SeqCache};
+use tessera_comm::proto::{
+    FinishReason, NewSeq, Sampling, SeqId, SeqToken, StepPlan, TokenLogprobs,
+};
+use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
+use tessera_model::kv_cache::{KvCache, SeqChunk};
 use tessera_model::llama::Llama;
 use tessera_topology::Rank;
 
+use crate::blocks::{BlockAllocator, BlockId, ChainHash};
 use crate::error::ShardError;
-
-/// Prompt tokens per forward pass during prefill: bounds activation memory.
-const PREFILL_CHUNK_TOKENS: usize = 256;
 
 /// One sequence as this rank holds it.
 #[derive(Debug)]
 struct Seq {
-    cache: SeqCache,
-    prompt: Vec<u32>,
-    generated: Vec<u32>,
+    /// Prompt, then every generated token.
+    tokens: Vec<u32>,
+    /// Tokens of the original prompt (the rest were generated).
+    prompt_len: usize,
+    /// Tokens to compute before the sequence samples for the first time in this group:
+    /// the prompt plus any tokens generated before a preemption.
+    prefill_len: usize,
+    /// Positions whose K/V is in the cache.
+    computed: usize,
+    table: Vec<BlockId>,
+    /// Chain hash of each full block, registered in the prefix cache.
+    hashes: Vec<ChainHash>,
     max_tokens: u32,
     stop_token_ids: Vec<u32>,
     /// Rank 0 only.
     sampler: Option<Sampler>,
+    top_logprobs: Option<u8>,
     finished: bool,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn prefilled(&self) -> bool {
+        self.computed >= self.prefill_len
+    }
 }
 
 /// What one step produced on this rank.
@@ -39,6 +62,18 @@ struct Seq {
 pub struct StepOutput {
     /// Every token sampled in this step, in plan order (the same on every rank).
     pub tokens: Vec<SeqToken>,
+    /// Prompt tokens of this step's new sequences found in the prefix cache.
+    pub cached: Vec<(SeqId, u32)>,
+}
+
+/// One sequence's part of this step's forward pass.
+struct Run {
+    seq: SeqId,
+    /// Positions `start..end` of its tokens.
+    start: usize,
+    end: usize,
+    /// Whether it samples after this pass.
+    samples: bool,
 }
 
 /// The sequences of one epoch on one rank.
@@ -48,16 +83,19 @@ pub struct Engine {
     epoch: u64,
     next_step: u64,
     cache: KvCache,
+    blocks: BlockAllocator,
     seqs: HashMap<SeqId, Seq>,
 }
 
 impl Engine {
     pub fn new(rank: Rank, epoch: u64, cache: KvCache) -> Engine {
+        let blocks = BlockAllocator::new(cache.num_blocks(), cache.layout().block_size);
         Engine {
             rank,
             epoch,
             next_step: 0,
             cache,
+            blocks,
             seqs: HashMap::new(),
         }
     }
@@ -66,146 +104,264 @@ impl Engine {
         self.epoch
     }
 
+    /// Blocks a new sequence could still get (free, or cached and unreferenced).
     pub fn free_blocks(&self) -> usize {
-        self.cache.free_blocks()
+        self.blocks.available()
     }
 
-    /// Executes `plan`: frees, prefills, decodes, then shares rank 0's samples.
+    /// Executes `plan`: frees, admits, runs one batched pass, shares rank 0's samples.
     pub fn step(
         &mut self,
         model: &Llama,
         plan: &StepPlan,
         comm: &mut dyn Collective,
     ) -> Result<StepOutput, ShardError> {
+        let bad = |message: String| ShardError::BadPlan {
+            step: plan.step,
+            message,
+        };
         if plan.step != self.next_step {
-            return Err(ShardError::BadPlan {
-                step: plan.step,
-                message: format!("expected step {} of epoch {}", self.next_step, self.epoch),
-            });
+            return Err(bad(format!(
+                "expected step {} of epoch {}",
+                self.next_step, self.epoch
+            )));
         }
         self.next_step += 1;
         for id in &plan.free {
-            if let Some(mut seq) = self.seqs.remove(id) {
-                self.cache.release(&mut seq.cache);
+            if let Some(seq) = self.seqs.remove(id) {
+                self.blocks.release(&seq.table);
             }
         }
-        let mut sampled: Vec<(SeqId, u32, Option<FinishReason>)> = Vec::new();
+        let mut out = StepOutput::default();
         for new in &plan.new {
-            self.admit(plan.step, new)?;
+            let cached = self.admit(new).map_err(bad)?;
+            if cached > 0 {
+                out.cached.push((new.seq, cached as u32));
+            }
         }
-        for chunk in &plan.prefill {
+        let runs = self.plan_runs(plan).map_err(bad)?;
+        if runs.is_empty() {
+            return Ok(out);
+        }
+        self.reserve(&runs).map_err(bad)?;
+        let logits = self.forward(model, &runs, comm)?;
+        let context = model.config().max_position_embeddings;
+        let mut sampled = Vec::with_capacity(logits.len());
+        let samplers = runs.iter().filter(|r| r.samples);
+        for (run, mut logits) in samplers.zip(logits) {
             let seq = self
                 .seqs
-                .get_mut(&chunk.seq)
-                .ok_or_else(|| ShardError::BadPlan {
-                    step: plan.step,
-                    message: format!("prefill of unknown sequence {}", chunk.seq),
-                })?;
-            let mut logits = Vec::new();
-            for part in seq.prompt.chunks(PREFILL_CHUNK_TOKENS) {
-                logits = model.forward(part, &mut seq.cache, &mut self.cache, comm)?;
-            }
-            sampled.push(sample(chunk.seq, seq, &mut logits, model));
+                .get_mut(&run.seq)
+                .expect("runs name held sequences");
+            sampled.push(sample(run.seq, seq, &mut logits, context));
         }
-        for id in &plan.decode {
-            let seq = self.seqs.get_mut(id).ok_or_else(|| ShardError::BadPlan {
-                step: plan.step,
-                message: format!("decode of unknown sequence {id}"),
-            })?;
-            // The coordinator plans ahead of the results; a sequence that finished in an
-            // earlier step is skipped on every rank alike.
-            if seq.finished {
-                continue;
-            }
-            let last = *seq.generated.last().ok_or_else(|| ShardError::BadPlan {
-                step: plan.step,
-                message: format!("decode of sequence {id} before its prefill"),
-            })?;
-            let mut logits = model.forward(&[last], &mut seq.cache, &mut self.cache, comm)?;
-            sampled.push(sample(*id, seq, &mut logits, model));
+        for run in &runs {
+            let seq = self
+                .seqs
+                .get_mut(&run.seq)
+                .expect("runs name held sequences");
+            seq.computed = run.end;
+            register_full_blocks(&mut self.blocks, seq);
         }
-        let shared = share_samples(&sampled, self.rank, comm)?;
-        let mut out = StepOutput::default();
-        for (id, token, finish) in shared {
-            let seq = self.seqs.get_mut(&id).expect("sampled sequences exist");
-            seq.generated.push(token);
-            seq.finished = finish.is_some();
-            out.tokens.push(SeqToken {
-                seq: id,
-                token,
-                finish,
-                logprobs: None,
-            });
+        for t in share_samples(sampled, self.rank, comm)? {
+            let seq = self.seqs.get_mut(&t.seq).expect("sampled sequences exist");
+            seq.tokens.push(t.token);
+            seq.finished = t.finish.is_some();
+            out.tokens.push(t);
         }
         Ok(out)
     }
 
-    fn admit(&mut self, step: u64, new: &NewSeq) -> Result<(), ShardError> {
-        let bad = |message: String| ShardError::BadPlan { step, message };
+    /// Admits a new sequence; returns how many of its tokens the prefix cache held.
+    fn admit(&mut self, new: &NewSeq) -> Result<usize, String> {
         if self.seqs.contains_key(&new.seq) {
-            return Err(bad(format!("sequence {} is already running", new.seq)));
+            return Err(format!("sequence {} is already running", new.seq));
         }
         if new.prompt.is_empty() || new.max_tokens == 0 {
-            return Err(bad(format!(
+            return Err(format!(
                 "sequence {} has an empty prompt or max_tokens = 0",
                 new.seq
-            )));
+            ));
         }
+        let mut tokens = new.prompt.clone();
+        tokens.extend_from_slice(&new.generated);
+        // At least one token is computed, for the logits the first sample needs.
+        let bs = self.blocks.block_size();
+        let reusable = (tokens.len() - 1) / bs * bs;
+        let (table, hashes) = self.blocks.acquire_prefix(&tokens[..reusable]);
+        let computed = table.len() * bs;
         let sampler = (self.rank == Rank(0))
             .then(|| Sampler::new(sampling_params(&new.sampling), new.sampling.seed));
         self.seqs.insert(
             new.seq,
             Seq {
-                cache: SeqCache::default(),
-                prompt: new.prompt.clone(),
-                generated: Vec::new(),
+                prefill_len: tokens.len(),
+                prompt_len: new.prompt.len(),
+                tokens,
+                computed,
+                table,
+                hashes,
                 max_tokens: new.max_tokens,
                 stop_token_ids: new.stop_token_ids.clone(),
                 sampler,
+                top_logprobs: new.sampling.logprobs,
                 finished: false,
             },
         );
+        Ok(computed)
+    }
+
+    /// What each sequence computes in this step. The coordinator plans ahead of the
+    /// results, so a chunk for a prompt already complete (the prefix cache held more than
+    /// it knew) and a decode of a finished sequence are skipped, on every rank alike.
+    fn plan_runs(&self, plan: &StepPlan) -> Result<Vec<Run>, String> {
+        let mut runs = Vec::with_capacity(plan.prefill.len() + plan.decode.len());
+        for chunk in &plan.prefill {
+            let seq = self.held(chunk.seq, "prefill")?;
+            if seq.prefilled() || chunk.tokens == 0 {
+                continue;
+            }
+            let end = (seq.computed + chunk.tokens as usize).min(seq.prefill_len);
+            runs.push(Run {
+                seq: chunk.seq,
+                start: seq.computed,
+                end,
+                samples: end == seq.prefill_len,
+            });
+        }
+        for &id in &plan.decode {
+            let seq = self.held(id, "decode")?;
+            if seq.finished || !seq.prefilled() {
+                continue;
+            }
+            if seq.tokens.len() != seq.computed + 1 {
+                return Err(format!("decode of sequence {id} with no new token"));
+            }
+            runs.push(Run {
+                seq: id,
+                start: seq.computed,
+                end: seq.computed + 1,
+                samples: true,
+            });
+        }
+        let mut seen = std::collections::HashSet::with_capacity(runs.len());
+        if let Some(dup) = runs.iter().find(|r| !seen.insert(r.seq)) {
+            return Err(format!("sequence {} is planned twice in one step", dup.seq));
+        }
+        Ok(runs)
+    }
+
+    fn held(&self, id: SeqId, what: &str) -> Result<&Seq, String> {
+        self.seqs
+            .get(&id)
+            .ok_or_else(|| format!("{what} of unknown sequence {id}"))
+    }
+
+    /// Grows each running sequence's block table to hold its positions after this step.
+    fn reserve(&mut self, runs: &[Run]) -> Result<(), String> {
+        let bs = self.blocks.block_size();
+        for run in runs {
+            let seq = self
+                .seqs
+                .get_mut(&run.seq)
+                .expect("runs name held sequences");
+            while seq.table.len() < run.end.div_ceil(bs) {
+                let block = self.blocks.allocate().ok_or_else(|| {
+                    format!(
+                        "out of KV blocks ({} in all) growing sequence {} to {} positions",
+                        self.blocks.num_blocks(),
+                        run.seq,
+                        run.end
+                    )
+                })?;
+                seq.table.push(block);
+            }
+        }
         Ok(())
+    }
+
+    /// One batched forward pass; the logits of every run that samples, in run order.
+    fn forward(
+        &mut self,
+        model: &Llama,
+        runs: &[Run],
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<Vec<f32>>, ShardError> {
+        let chunks: Vec<SeqChunk<'_>> = runs
+            .iter()
+            .map(|run| {
+                let seq = &self.seqs[&run.seq];
+                SeqChunk {
+                    tokens: &seq.tokens[run.start..run.end],
+                    start: run.start,
+                    block_table: &seq.table,
+                    logits: run.samples,
+                }
+            })
+            .collect();
+        Ok(model.forward_batch(&chunks, &mut self.cache, comm)?)
+    }
+}
+
+/// Registers every block of `seq` that its computed positions have filled.
+fn register_full_blocks(blocks: &mut BlockAllocator, seq: &mut Seq) {
+    let bs = blocks.block_size();
+    while seq.hashes.len() < seq.computed / bs {
+        let i = seq.hashes.len();
+        let parent = seq.hashes.last().copied().unwrap_or(0);
+        let hash = blocks.register(seq.table[i], parent, &seq.tokens[i * bs..(i + 1) * bs]);
+        seq.hashes.push(hash);
     }
 }
 
 /// Rank 0 picks the next token and decides whether the sequence ends with it; other
 /// ranks return a placeholder that [`share_samples`] overwrites.
-fn sample(
-    id: SeqId,
-    seq: &mut Seq,
-    logits: &mut [f32],
-    model: &Llama,
-) -> (SeqId, u32, Option<FinishReason>) {
+fn sample(id: SeqId, seq: &mut Seq, logits: &mut [f32], context: usize) -> SeqToken {
     let Some(sampler) = seq.sampler.as_mut() else {
-        return (id, 0, None);
+        return SeqToken {
+            seq: id,
+            token: 0,
+            finish: None,
+            logprobs: None,
+        };
     };
-    let token = sampler.sample(logits, &seq.prompt, &seq.generated);
-    let produced = seq.generated.len() + 1;
-    let context = model.config().max_position_embeddings;
+    let raw = seq.top_logprobs.map(|k| (logits.to_vec(), k));
+    let (prompt, generated) = seq.tokens.split_at(seq.prompt_len);
+    let token = sampler.sample(logits, prompt, generated);
+    let produced = seq.generated() + 1;
     let finish = if seq.stop_token_ids.contains(&token) {
         Some(FinishReason::Stop)
-    } else if produced >= seq.max_tokens as usize || seq.cache.len + 1 >= context {
+    } else if produced >= seq.max_tokens as usize || seq.tokens.len() + 1 >= context {
         Some(FinishReason::Length)
     } else {
         None
     };
-    (id, token, finish)
+    let logprobs = raw.map(|(raw, k)| {
+        let (logprob, top) = logprobs(&raw, token, usize::from(k));
+        TokenLogprobs { logprob, top }
+    });
+    SeqToken {
+        seq: id,
+        token,
+        finish,
+        logprobs,
+    }
 }
 
 /// Broadcasts rank 0's `(token, finish)` pairs to every rank, 8 bytes per sequence.
+/// Logprobs stay on rank 0, the only rank that reports them.
 fn share_samples(
-    sampled: &[(SeqId, u32, Option<FinishReason>)],
+    mut sampled: Vec<SeqToken>,
     rank: Rank,
     comm: &mut dyn Collective,
-) -> Result<Vec<(SeqId, u32, Option<FinishReason>)>, ShardError> {
+) -> Result<Vec<SeqToken>, ShardError> {
     if sampled.is_empty() || comm.world_size() == 1 {
-        return Ok(sampled.to_vec());
+        return Ok(sampled);
     }
     let mut buf = Vec::with_capacity(sampled.len() * 8);
-    for (_, token, finish) in sampled {
-        buf.extend_from_slice(&token.to_le_bytes());
-        let code: u32 = match finish {
+    for t in &sampled {
+        buf.extend_from_slice(&t.token.to_le_bytes());
+        let code: u32 = match t.finish {
             None => 0,
             Some(FinishReason::Stop) => 1,
             Some(FinishReason::Length) => 2,
@@ -214,21 +370,18 @@ fn share_samples(
     }
     comm.broadcast(&mut buf, Rank(0))?;
     if rank == Rank(0) {
-        return Ok(sampled.to_vec());
+        return Ok(sampled);
     }
     let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    Ok(sampled
-        .iter()
-        .zip(buf.chunks_exact(8))
-        .map(|((id, _, _), b)| {
-            let finish = match word(&b[4..]) {
-                0 => None,
-                1 => Some(FinishReason::Stop),
-                _ => Some(FinishReason::Length),
-            };
-            (*id, word(&b[..4]), finish)
-        })
-        .collect())
+    for (t, b) in sampled.iter_mut().zip(buf.chunks_exact(8)) {
+        t.token = word(&b[..4]);
+        t.finish = match word(&b[4..]) {
+            0 => None,
+            1 => Some(FinishReason::Stop),
+            _ => Some(FinishReason::Length),
+        };
+    }
+    Ok(sampled)
 }
 
 /// The kernel's sampling settings for the wire's.

@@ -4,12 +4,15 @@
 //!   register, receive the assignment and step plans, send results.
 //! - [`worker`]: the compute thread — loads this rank's slice of the weights, joins the
 //!   group's collective for each epoch, runs plans.
-//! - [`engine`]: the step itself — sequences, KV blocks, forward passes, rank 0's
+//! - [`engine`]: the step itself — sequences, one batched forward pass per step, rank 0's
 //!   sampling shared through the collective.
+//! - [`blocks`]: the KV block allocator — reference counts, free list, prefix cache with
+//!   LRU eviction (a pure core).
 //!
 //! Lifecycle: `Register` → `Assign` (load, join, `Ready`) → `Step`/`StepDone`… A failure
 //! sends `Failed` naming the rank to blame and waits, weights kept, for a new `Assign`.
 
+pub mod blocks;
 pub mod control;
 pub mod engine;
 mod error;

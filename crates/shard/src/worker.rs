@@ -114,17 +114,17 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                             collective_us: micros(current.comm.stats().time - collective_before),
                             idle_us: micros(idle),
                         };
-                        let tokens = if config.rank == Rank(0) {
-                            out.tokens
+                        let (tokens, cached) = if config.rank == Rank(0) {
+                            (out.tokens, out.cached)
                         } else {
-                            Vec::new()
+                            (Vec::new(), Vec::new())
                         };
                         let _ = events.send(ShardMsg::StepDone(StepDone {
                             epoch: plan.epoch,
                             step: plan.step,
                             tokens,
                             free_blocks: current.engine.free_blocks() as u32,
-                            cached: Vec::new(),
+                            cached,
                             timings,
                         }));
                     }

@@ -89,6 +89,8 @@ pub struct GroupSpec {
     pub collective: &'static str,
     /// Host name per rank (all `local` unless set).
     pub hosts: Vec<String>,
+    /// Each rank's KV budget, as the topology writes it.
+    pub kv_memory: String,
 }
 
 impl GroupSpec {
@@ -100,6 +102,7 @@ impl GroupSpec {
             tp,
             collective: "shm",
             hosts: vec!["local".into(); tp],
+            kv_memory: "16MiB".into(),
         }
     }
 }
@@ -145,8 +148,9 @@ pub fn topology_text(
         for (rank, host) in g.hosts.iter().enumerate() {
             let _ = write!(
                 t,
-                "[[group.shard]]\nrank = {rank}\nhost = \"{host}\"\ndevice = \"cpu\"\nthreads = 1\nport = {}\nkv_memory = \"16MiB\"\n\n",
-                free_port()
+                "[[group.shard]]\nrank = {rank}\nhost = \"{host}\"\ndevice = \"cpu\"\nthreads = 1\nport = {}\nkv_memory = \"{}\"\n\n",
+                free_port(),
+                g.kv_memory
             );
         }
     }
@@ -162,7 +166,7 @@ pub struct Proc {
 }
 
 /// The command prefix for a process, by its name (e.g. `ip netns exec NS`).
-pub type Wrap = Box<dyn Fn(&str) -> Vec<String>>;
+pub type Wrap = Box<dyn Fn(&str) -> Vec<String> + Send + Sync>;
 
 /// Real coordinator and shard processes for one topology.
 pub struct Cluster {
@@ -215,6 +219,14 @@ impl Cluster {
 
     /// A one-host cluster of `groups`, with coordinator and every shard started.
     pub fn start_local(groups: &[GroupSpec]) -> anyhow::Result<Cluster> {
+        Cluster::start_local_with(groups, &[])
+    }
+
+    /// [`Cluster::start_local`], with extra environment for every shard (fault knobs).
+    pub fn start_local_with(
+        groups: &[GroupSpec],
+        shard_env: &[(&str, &str)],
+    ) -> anyhow::Result<Cluster> {
         let quic = format!("127.0.0.1:{}", free_port());
         let http = format!("127.0.0.1:{}", free_port());
         let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], groups);
@@ -222,7 +234,7 @@ impl Cluster {
         cluster.start_coordinator()?;
         for g in groups {
             for rank in 0..g.tp {
-                cluster.start_shard(&g.name, rank)?;
+                cluster.start_shard_with(&g.name, rank, shard_env)?;
             }
         }
         cluster.wait_healthy(Duration::from_secs(30))?;

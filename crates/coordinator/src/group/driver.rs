@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tessera_comm::GroupToken;
@@ -22,9 +22,9 @@ use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use super::scheduler::{Finished, Scheduler};
-use super::{GroupCommand, GroupHandle, ShardLink, TokenSender};
-use crate::engine::{GenerateRequest, TokenEvent};
+use super::scheduler::{Emitted, Refused, Scheduler, SchedulerConfig};
+use super::{GroupCommand, GroupHandle, ShardLink, Shared, TokenSender};
+use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
 use crate::metrics as m;
 
 /// How a group's ranks find each other, and the limits it runs under.
@@ -35,8 +35,11 @@ pub struct GroupConfig {
     pub tp: usize,
     /// `None`: shared memory (one host). `Some`: TCP ring, `host:port` per rank.
     pub tcp_peers: Option<Vec<String>>,
+    /// The topology's host of each rank.
+    pub hosts: Vec<String>,
     pub term: u64,
     pub limits: Limits,
+    pub scheduler: SchedulerConfig,
 }
 
 /// Deadlines of a group.
@@ -113,18 +116,36 @@ struct Totals {
 /// Starts the driver of one group.
 pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
     let (commands, command_rx) = mpsc::channel(super::COMMAND_BUFFER);
-    let ready = Arc::new(AtomicBool::new(false));
+    let status = GroupStatus {
+        name: config.name.clone(),
+        model: config.model.clone(),
+        tp: config.tp,
+        state: "down",
+        shards: (0..config.tp)
+            .map(|r| ShardStatus {
+                rank: r as u32,
+                host: config.hosts.get(r).cloned().unwrap_or_default(),
+                state: "disconnected",
+                ..ShardStatus::default()
+            })
+            .collect(),
+        ..GroupStatus::default()
+    };
+    let shared = Arc::new(Shared {
+        max_waiting: config.scheduler.max_waiting,
+        ..Shared::default()
+    });
     let handle = GroupHandle {
         name: config.name.clone(),
         model: config.model.clone(),
         tp: config.tp,
         commands,
-        ready: Arc::clone(&ready),
+        shared: Arc::clone(&shared),
     };
     let (shard_tx, shard_rx) = mpsc::unbounded_channel();
     let driver = Driver {
         links: (0..config.tp).map(|_| None).collect(),
-        sched: Scheduler::new(config.term),
+        sched: Scheduler::new(config.term, config.scheduler),
         state: State::Down,
         epoch: 0,
         next_conn: 0,
@@ -133,7 +154,10 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         totals: vec![Totals::default(); config.tp],
         config,
         seq_ids,
-        ready,
+        shared,
+        status,
+        rate: Rate::default(),
+        preemptions: 0,
         shard_tx,
     };
     tokio::spawn(driver.run(command_rx, shard_rx));
@@ -153,8 +177,36 @@ struct Driver {
     last_done: Vec<u64>,
     totals: Vec<Totals>,
     seq_ids: Arc<AtomicU64>,
-    ready: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+    /// Published to `shared` after every event.
+    status: GroupStatus,
+    rate: Rate,
+    /// Preemptions already counted in the metric.
+    preemptions: u64,
     shard_tx: mpsc::UnboundedSender<FromShard>,
+}
+
+/// Tokens per second over the last [`RATE_WINDOW`].
+#[derive(Default)]
+struct Rate {
+    tokens: u64,
+    since: Option<Instant>,
+    per_second: f64,
+}
+
+const RATE_WINDOW: Duration = Duration::from_secs(2);
+
+impl Rate {
+    fn add(&mut self, tokens: usize, now: Instant) {
+        self.tokens += tokens as u64;
+        let since = *self.since.get_or_insert(now);
+        let elapsed = now.duration_since(since);
+        if elapsed >= RATE_WINDOW {
+            self.per_second = self.tokens as f64 / elapsed.as_secs_f64();
+            self.tokens = 0;
+            self.since = Some(now);
+        }
+    }
 }
 
 impl Driver {
@@ -179,6 +231,7 @@ impl Driver {
                 _ = report.tick() => self.report(),
             }
             self.pump().await;
+            self.publish();
         }
     }
 
@@ -194,13 +247,28 @@ impl Driver {
                 self.waiting.insert(seq, events);
                 let _ = reply.send(Ok(()));
             }
-            Err(too_large) => {
+            Err(Refused::TooLarge {
+                needed_blocks,
+                kv_blocks,
+            }) => {
                 let _ = reply.send(Err(WireError {
                     class: ErrorClass::InvalidRequest,
                     message: format!(
-                        "the request needs {} KV blocks but group {} holds {}; \
-                         shorten the prompt or max_tokens",
-                        too_large.needed_blocks, self.config.name, too_large.kv_blocks
+                        "the request needs {needed_blocks} KV blocks but group {} holds \
+                         {kv_blocks}; shorten the prompt or max_tokens",
+                        self.config.name
+                    ),
+                    rank: None,
+                }));
+            }
+            Err(Refused::QueueFull { waiting }) => {
+                metrics::counter!(m::SCHED_REJECTED, "group" => self.config.name.clone())
+                    .increment(1);
+                let _ = reply.send(Err(WireError {
+                    class: ErrorClass::CapacityExhausted,
+                    message: format!(
+                        "group {} has {waiting} requests waiting; retry later",
+                        self.config.name
                     ),
                     rank: None,
                 }));
@@ -232,6 +300,10 @@ impl Driver {
                 }
             }
         });
+        let shard = &mut self.status.shards[r];
+        shard.state = "connected";
+        shard.pid = Some(link.pid);
+        shard.device = Some(link.device.clone());
         let replaced = self.links[r].replace(Link {
             conn,
             connection: link.connection,
@@ -257,6 +329,7 @@ impl Driver {
         }
         let Some(msg) = event.msg else {
             self.links[r] = None;
+            self.shard_state(event.rank, "disconnected");
             warn!(group = %self.config.name, rank = %event.rank, "shard disconnected");
             if !matches!(self.state, State::Down) {
                 self.fence(event.rank, format!("rank {} disconnected", event.rank));
@@ -274,6 +347,7 @@ impl Driver {
                 weight_bytes,
             } => {
                 info!(group = %self.config.name, rank = %event.rank, epoch, layers_done, layers, weight_bytes, "loading");
+                self.shard_state(event.rank, "loading");
             }
             ShardMsg::Ready(ready) => {
                 if let State::Assigning {
@@ -289,6 +363,10 @@ impl Driver {
                         "rank ready"
                     );
                     slots[r] = Some((ready.kv_blocks, ready.block_size));
+                    let shard = &mut self.status.shards[r];
+                    shard.state = "ready";
+                    shard.weight_bytes = ready.weight_bytes;
+                    shard.kv_blocks_free = ready.kv_blocks;
                     let labels = self.labels(event.rank);
                     metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
                     metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
@@ -321,6 +399,7 @@ impl Driver {
         metrics::histogram!(m::SHARD_COLLECTIVE_SECONDS, &labels)
             .record(seconds(done.timings.collective_us));
         metrics::histogram!(m::SHARD_IDLE_SECONDS, &labels).record(seconds(done.timings.idle_us));
+        self.status.shards[r].kv_blocks_free = done.free_blocks;
         let t = &mut self.totals[r];
         t.steps += 1;
         t.step_us += done.timings.step_us;
@@ -329,24 +408,35 @@ impl Driver {
         if rank != Rank(0) {
             return;
         }
-        let finished: HashMap<SeqId, _> = self
+        let now = Instant::now();
+        for (seq, hit) in &done.cached {
+            debug!(group = %self.config.name, seq = %seq, tokens = hit, "prefix cache hit");
+        }
+        let hits: u64 = done.cached.iter().map(|(_, t)| u64::from(*t)).sum();
+        if hits > 0 {
+            metrics::counter!(m::PREFIX_CACHE_HIT_TOKENS, "group" => self.config.name.clone())
+                .increment(hits);
+        }
+        metrics::gauge!(m::KV_BLOCKS_FREE, "group" => self.config.name.clone())
+            .set(f64::from(done.free_blocks));
+        let emitted = self
             .sched
-            .on_step_done(done.step, &done.tokens, Instant::now())
-            .into_iter()
-            .map(|Finished { seq, output }| (seq, output.finish))
-            .collect();
-        for t in done.tokens {
-            let finish = finished.get(&t.seq).copied();
-            let Some(events) = self.waiting.get(&t.seq) else {
+            .on_step_done(done.step, done.tokens, &done.cached, now);
+        self.rate.add(emitted.len(), now);
+        for Emitted { seq, token, finish } in emitted {
+            let Some(events) = self.waiting.get(&seq) else {
                 continue;
             };
             let event = TokenEvent {
-                token: t.token,
-                logprobs: t.logprobs,
+                token: token.token,
+                logprobs: token.logprobs,
                 finish,
             };
-            if events.send(Ok(event)).is_err() || finish.is_some() {
-                self.waiting.remove(&t.seq);
+            if events.send(Ok(event)).is_err() {
+                self.waiting.remove(&seq);
+                self.sched.cancel(seq);
+            } else if finish.is_some() {
+                self.waiting.remove(&seq);
             }
         }
     }
@@ -412,7 +502,15 @@ impl Driver {
         if !matches!(self.state, State::Serving { .. }) {
             return;
         }
-        while let Some(plan) = self.sched.next_plan(Instant::now()) {
+        while let Some(plan) = self.sched.plan_step(Instant::now()) {
+            let tokens = plan.decode.len()
+                + plan
+                    .prefill
+                    .iter()
+                    .map(|c| c.tokens as usize)
+                    .sum::<usize>();
+            metrics::histogram!(m::STEP_TOKENS, "group" => self.config.name.clone())
+                .record(tokens as f64);
             let msg = CoordinatorMsg::Step(plan);
             if let Err(rank) = self.broadcast(&msg).await {
                 self.fence(
@@ -486,13 +584,13 @@ impl Driver {
         self.sched.start_epoch(epoch, kv_blocks, block_size);
         self.last_done = vec![0; self.config.tp];
         self.state = State::Serving { epoch };
-        self.ready.store(true, Ordering::Relaxed);
+        self.shared.ready.store(true, Ordering::Relaxed);
         info!(group = %self.config.name, epoch, kv_blocks, "group serving");
     }
 
     /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
     fn fence(&mut self, rank: Rank, reason: String) {
-        self.ready.store(false, Ordering::Relaxed);
+        self.shared.ready.store(false, Ordering::Relaxed);
         self.state = State::Down;
         let lost = self.sched.fence();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
@@ -537,6 +635,47 @@ impl Driver {
         } else {
             format!(" (rank {} not connected)", missing.join(", "))
         }
+    }
+
+    /// Publishes the group's state for the router, the status API and the metrics.
+    fn publish(&mut self) {
+        let now = Instant::now();
+        self.rate.add(0, now);
+        let (used, total, block_size) = self.sched.kv_usage();
+        let s = &mut self.status;
+        s.state = match self.state {
+            State::Down => "down",
+            State::Assigning { .. } => "assigning",
+            State::Serving { .. } => "serving",
+        };
+        s.epoch = self.epoch;
+        s.running = self.sched.running();
+        s.waiting = self.sched.waiting();
+        s.kv_blocks = total;
+        s.kv_blocks_used = used;
+        s.block_size = block_size;
+        s.tokens_per_second = self.rate.per_second;
+        s.prefix_cache_hit_tokens = self.sched.prefix_hit_tokens();
+        self.shared.waiting.store(s.waiting, Ordering::Relaxed);
+        let group = || [("group", self.config.name.clone())];
+        metrics::gauge!(m::SCHED_RUNNING, &group()).set(s.running as f64);
+        metrics::gauge!(m::SCHED_WAITING, &group()).set(s.waiting as f64);
+        metrics::gauge!(m::KV_BLOCKS_USED, &group()).set(f64::from(used));
+        let preemptions = self.sched.preemptions();
+        if preemptions > self.preemptions {
+            metrics::counter!(m::SCHED_PREEMPTIONS, &group())
+                .increment(preemptions - self.preemptions);
+            self.preemptions = preemptions;
+        }
+        *self
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = s.clone();
+    }
+
+    fn shard_state(&mut self, rank: Rank, state: &'static str) {
+        self.status.shards[rank.0 as usize].state = state;
     }
 
     /// Logs where the ranks' step time went since the last report.

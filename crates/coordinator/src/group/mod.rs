@@ -11,14 +11,14 @@
 pub mod driver;
 pub mod scheduler;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_comm::proto::{ErrorClass, WireError};
 use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{GenerateRequest, TokenEvent, TokenStream};
+use crate::engine::{GenerateRequest, GroupStatus, TokenEvent, TokenStream};
 
 /// The control streams of one registered shard.
 #[derive(Debug)]
@@ -27,6 +27,17 @@ pub struct ShardLink {
     pub send: quinn::SendStream,
     pub recv: quinn::RecvStream,
     pub pid: u32,
+    /// As the shard registered it (`cpu`, `cuda:0`).
+    pub device: String,
+}
+
+/// What a group's driver publishes for the router and the status API.
+#[derive(Debug, Default)]
+pub struct Shared {
+    ready: AtomicBool,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+    status: Mutex<GroupStatus>,
 }
 
 /// What a group's driver is asked to do.
@@ -52,7 +63,7 @@ pub struct GroupHandle {
     pub model: String,
     pub tp: usize,
     commands: mpsc::Sender<GroupCommand>,
-    ready: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 /// Requests a group's driver buffers before `submit` waits: generous, since each is
@@ -62,7 +73,26 @@ const COMMAND_BUFFER: usize = 1024;
 impl GroupHandle {
     /// True while the group is serving an epoch.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.shared.ready.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiting.load(Ordering::Relaxed)
+    }
+
+    /// True when the waiting queue cannot take another request.
+    pub fn queue_full(&self) -> bool {
+        self.waiting() >= self.shared.max_waiting
+    }
+
+    /// The group's live status (as of the driver's last event).
+    pub fn status(&self) -> GroupStatus {
+        self.shared
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub async fn attach(&self, rank: Rank, link: ShardLink) -> Result<(), WireError> {

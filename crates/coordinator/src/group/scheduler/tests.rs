@@ -1,0 +1,367 @@
+use std::collections::{BTreeMap, HashSet};
+
+use tessera_comm::proto::{FinishReason, Sampling, SeqToken, StepPlan};
+
+use super::*;
+
+fn request(prompt: usize, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        model: "m".into(),
+        prompt: (0..prompt as u32).collect(),
+        max_tokens,
+        sampling: Sampling::default(),
+        stop_token_ids: vec![],
+        priority: 0,
+    }
+}
+
+fn config(step_tokens: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        step_tokens,
+        ..SchedulerConfig::default()
+    }
+}
+
+fn token(seq: u64, token: u32, finish: Option<FinishReason>) -> SeqToken {
+    SeqToken {
+        seq: SeqId(seq),
+        token,
+        finish,
+        logprobs: None,
+    }
+}
+
+fn chunks(p: &StepPlan) -> Vec<(u64, u32)> {
+    p.prefill.iter().map(|c| (c.seq.0, c.tokens)).collect()
+}
+
+#[test]
+fn pipelines_two_plans_and_finishes_at_max_tokens() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(1, config(256));
+    s.start_epoch(1, 100, 16);
+    s.submit(SeqId(1), request(5, 3), now).unwrap();
+    let p0 = s.plan_step(now).unwrap();
+    assert_eq!(p0.new.len(), 1);
+    assert_eq!(chunks(&p0), [(1, 5)]);
+    assert!(p0.decode.is_empty());
+    let p1 = s.plan_step(now).unwrap();
+    assert_eq!(p1.decode, [SeqId(1)]);
+    assert!(s.plan_step(now).is_none(), "at most two plans in flight");
+    let out = s.on_step_done(0, vec![token(1, 7, None)], &[], now);
+    assert_eq!(out[0].finish, None);
+    let p2 = s.plan_step(now).unwrap();
+    assert_eq!(p2.decode, [SeqId(1)]);
+    s.on_step_done(1, vec![token(1, 8, None)], &[], now);
+    // Three tokens planned: nothing left to decode.
+    assert!(s.plan_step(now).is_none());
+    let out = s.on_step_done(2, vec![token(1, 9, None)], &[], now);
+    assert_eq!(out[0].finish, Some(FinishReason::Length));
+    let p3 = s.plan_step(now).unwrap();
+    assert_eq!(p3.free, [SeqId(1)]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn long_prompts_are_chunked_and_decodes_come_first() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(1, config(64));
+    s.start_epoch(1, 100, 16);
+    s.submit(SeqId(1), request(10, 50), now).unwrap();
+    s.plan_step(now).unwrap();
+    s.on_step_done(0, vec![token(1, 1, None)], &[], now);
+    s.submit(SeqId(2), request(150, 5), now).unwrap();
+    let p = s.plan_step(now).unwrap();
+    assert_eq!(p.decode, [SeqId(1)]);
+    assert_eq!(chunks(&p), [(2, 63)], "one decode token + 63 prompt tokens");
+    s.on_step_done(1, vec![token(1, 1, None)], &[], now);
+    let p = s.plan_step(now).unwrap();
+    assert_eq!(p.decode, [SeqId(1)]);
+    assert_eq!(chunks(&p), [(2, 63)]);
+    assert!(p.new.is_empty(), "a sequence is new once");
+    s.on_step_done(2, vec![token(1, 1, None)], &[], now);
+    let p = s.plan_step(now).unwrap();
+    assert_eq!(chunks(&p), [(2, 24)]);
+    s.on_step_done(3, vec![token(1, 1, None), token(2, 5, None)], &[], now);
+    let p = s.plan_step(now).unwrap();
+    assert_eq!(p.decode, [SeqId(1), SeqId(2)]);
+}
+
+#[test]
+fn a_prefix_cache_hit_shortens_the_prefill() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(1, config(64));
+    s.start_epoch(1, 100, 16);
+    s.submit(SeqId(1), request(200, 5), now).unwrap();
+    assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
+    assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
+    // The shards held 128 tokens: 128 + 128 planned leaves nothing after 200.
+    s.on_step_done(0, vec![], &[(SeqId(1), 128)], now);
+    let p = s.plan_step(now).unwrap();
+    assert!(p.prefill.is_empty());
+    assert_eq!(p.decode, [SeqId(1)]);
+    assert_eq!(s.prefix_hit_tokens(), 128);
+}
+
+#[test]
+fn priority_orders_admission_and_the_queue_is_bounded() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(
+        1,
+        SchedulerConfig {
+            max_waiting: 3,
+            ..config(256)
+        },
+    );
+    s.start_epoch(1, 100, 16);
+    let with = |p: i32| GenerateRequest {
+        priority: p,
+        ..request(4, 2)
+    };
+    s.submit(SeqId(1), with(5), now).unwrap();
+    s.submit(SeqId(2), with(-1), now).unwrap();
+    s.submit(SeqId(3), with(5), now).unwrap();
+    assert_eq!(
+        s.submit(SeqId(4), with(0), now),
+        Err(Refused::QueueFull { waiting: 3 })
+    );
+    let p = s.plan_step(now).unwrap();
+    let order: Vec<u64> = p.new.iter().map(|n| n.seq.0).collect();
+    assert_eq!(order, [2, 1, 3]);
+}
+
+#[test]
+fn admission_keeps_a_watermark_and_never_overtakes_on_blocks() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(
+        1,
+        SchedulerConfig {
+            watermark: 0.25,
+            ..config(256)
+        },
+    );
+    s.start_epoch(1, 8, 16);
+    s.submit(SeqId(1), request(60, 4), now).unwrap(); // 4 blocks
+    s.submit(SeqId(2), request(40, 4), now).unwrap(); // 3 blocks: 7 + 2 > 8
+    s.submit(SeqId(3), request(1, 1), now).unwrap(); // 1 block: must not overtake
+    let p = s.plan_step(now).unwrap();
+    assert_eq!(chunks(&p), [(1, 60)]);
+    assert_eq!(
+        s.submit(SeqId(4), request(200, 1), now),
+        Err(Refused::TooLarge {
+            needed_blocks: 13,
+            kv_blocks: 8
+        })
+    );
+}
+
+#[test]
+fn fence_returns_running_and_keeps_the_queue() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(
+        1,
+        SchedulerConfig {
+            max_running: 4,
+            ..config(256)
+        },
+    );
+    s.start_epoch(1, 100, 16);
+    s.submit(SeqId(1), request(2, 4), now).unwrap();
+    s.plan_step(now).unwrap();
+    for i in 2..=10 {
+        s.submit(SeqId(i), request(2, 4), now).unwrap();
+    }
+    assert_eq!(s.fence(), [SeqId(1)]);
+    assert!(s.plan_step(now).is_none(), "no plans without an epoch");
+    s.start_epoch(2, 100, 16);
+    let p = s.plan_step(now).unwrap();
+    assert_eq!((p.epoch, p.step), (2, 0));
+    assert_eq!(p.new.len(), 4);
+}
+
+#[test]
+fn deadline_and_expiry() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(1, config(256));
+    s.start_epoch(1, 100, 16);
+    s.submit(SeqId(1), request(10, 4), now).unwrap();
+    s.plan_step(now).unwrap();
+    let (base, per) = (Duration::from_secs(1), Duration::from_millis(10));
+    assert_eq!(
+        s.overdue(now + Duration::from_millis(1099), base, per),
+        None
+    );
+    assert_eq!(
+        s.overdue(now + Duration::from_millis(1101), base, per),
+        Some(0)
+    );
+    s.fence();
+    s.submit(SeqId(2), request(1, 1), now).unwrap();
+    let later = |secs| now + Duration::from_secs(secs);
+    assert!(s.expire(later(1), Duration::from_secs(2)).is_empty());
+    assert_eq!(s.expire(later(3), Duration::from_secs(2)), [SeqId(2)]);
+}
+
+/// Shards simulated exactly as the engine applies plans: each sequence's next token is a
+/// function of its position, so a recomputed sequence produces the same tokens.
+#[derive(Default)]
+struct FakeShards {
+    seqs: BTreeMap<SeqId, FakeSeq>,
+    max_blocks_held: u32,
+}
+
+struct FakeSeq {
+    tokens: usize,
+    computed: usize,
+    prefill_len: usize,
+    max_tokens: usize,
+    generated: usize,
+    finished: bool,
+}
+
+impl FakeShards {
+    fn run(&mut self, plan: &StepPlan, block_size: usize, kv_blocks: u32) -> Vec<SeqToken> {
+        let mut named = HashSet::new();
+        for id in &plan.free {
+            self.seqs.remove(id);
+        }
+        for n in &plan.new {
+            let len = n.prompt.len() + n.generated.len();
+            self.seqs.insert(
+                n.seq,
+                FakeSeq {
+                    tokens: len,
+                    computed: 0,
+                    prefill_len: len,
+                    max_tokens: n.max_tokens as usize,
+                    generated: n.generated.len(),
+                    finished: false,
+                },
+            );
+        }
+        let mut out = Vec::new();
+        for c in &plan.prefill {
+            assert!(named.insert(c.seq), "{} twice in step {}", c.seq, plan.step);
+            let s = self
+                .seqs
+                .get_mut(&c.seq)
+                .expect("prefill of a held sequence");
+            if s.computed >= s.prefill_len {
+                continue;
+            }
+            s.computed = (s.computed + c.tokens as usize).min(s.prefill_len);
+            if s.computed == s.prefill_len {
+                out.push(Self::sample(c.seq, s));
+            }
+        }
+        for id in &plan.decode {
+            assert!(named.insert(*id), "{id} twice in step {}", plan.step);
+            let s = self.seqs.get_mut(id).expect("decode of a held sequence");
+            if s.finished || s.computed < s.prefill_len {
+                continue;
+            }
+            s.computed += 1;
+            out.push(Self::sample(*id, s));
+        }
+        let held: u32 = self
+            .seqs
+            .values()
+            .map(|s| s.computed.div_ceil(block_size) as u32)
+            .sum();
+        assert!(
+            held <= kv_blocks,
+            "shards hold {held} of {kv_blocks} blocks"
+        );
+        self.max_blocks_held = self.max_blocks_held.max(held);
+        out
+    }
+
+    fn sample(id: SeqId, s: &mut FakeSeq) -> SeqToken {
+        let token = (id.0 * 1000 + s.tokens as u64) as u32;
+        s.tokens += 1;
+        s.generated += 1;
+        s.finished = s.generated >= s.max_tokens;
+        token_of(id.0, token, s.finished.then_some(FinishReason::Length))
+    }
+}
+
+fn token_of(seq: u64, t: u32, finish: Option<FinishReason>) -> SeqToken {
+    token(seq, t, finish)
+}
+
+/// Runs `requests` through a scheduler and the fake shards until all finish; returns
+/// each sequence's tokens and how many preemptions happened.
+fn simulate(
+    requests: Vec<GenerateRequest>,
+    kv_blocks: u32,
+    step_tokens: usize,
+) -> (BTreeMap<u64, Vec<u32>>, u32) {
+    let now = Instant::now();
+    let mut s = Scheduler::new(1, config(step_tokens));
+    s.start_epoch(1, kv_blocks, 4);
+    for (i, r) in requests.into_iter().enumerate() {
+        s.submit(SeqId(i as u64 + 1), r, now).unwrap();
+    }
+    let mut shards = FakeShards::default();
+    let mut outputs: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    let mut preemptions = 0;
+    let mut pending = VecDeque::new();
+    for _ in 0..100_000 {
+        while let Some(plan) = s.plan_step(now) {
+            preemptions += plan
+                .free
+                .iter()
+                .filter(|id| shards.seqs.get(id).is_some_and(|s| !s.finished))
+                .count() as u32;
+            let tokens = shards.run(&plan, 4, kv_blocks);
+            pending.push_back((plan.step, tokens));
+            assert!(s.used_blocks <= s.kv_blocks);
+        }
+        let Some((step, tokens)) = pending.pop_front() else {
+            break;
+        };
+        for e in s.on_step_done(step, tokens, &[], now) {
+            outputs.entry(e.seq.0).or_default().push(e.token.token);
+        }
+    }
+    assert!(s.is_idle(), "every request finished");
+    (outputs, preemptions)
+}
+
+#[test]
+fn preemption_under_kv_pressure_completes_every_request_with_the_same_tokens() {
+    let requests: Vec<GenerateRequest> = (0..12)
+        .map(|i| request(3 + i % 5, 10 + (i as u32 % 7) * 3))
+        .collect();
+    // Alone with plenty of blocks: the reference.
+    let (alone, none) = simulate(requests.clone(), 1000, 64);
+    assert_eq!(none, 0);
+    // 12 sequences of up to 37 positions (10 blocks of 4) in 24 blocks: preemption.
+    let (pressed, preemptions) = simulate(requests, 24, 64);
+    assert!(preemptions > 0, "the test must exercise preemption");
+    assert_eq!(pressed, alone);
+    for (i, tokens) in &alone {
+        let max = 10 + ((i - 1) as usize % 7) * 3;
+        assert_eq!(tokens.len(), max, "sequence {i}");
+    }
+}
+
+#[test]
+fn random_loads_keep_the_block_count_and_finish_everything() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    for seed in 0..20 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let requests: Vec<GenerateRequest> = (0..rng.random_range(1..30))
+            .map(|_| GenerateRequest {
+                priority: rng.random_range(-2..3),
+                ..request(rng.random_range(1..40), rng.random_range(1..30))
+            })
+            .collect();
+        let kv_blocks = rng.random_range(18..60);
+        let step_tokens = rng.random_range(1..100);
+        let (outputs, _) = simulate(requests.clone(), kv_blocks, step_tokens);
+        let (alone, _) = simulate(requests, 10_000, 512);
+        assert_eq!(outputs, alone, "seed {seed}");
+    }
+}
