@@ -19,7 +19,7 @@ use tessera_model::llama::{Llama, LoadProgress};
 use tessera_model::loader;
 use tessera_topology::{Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 use crate::engine::Engine;
 use crate::error::ShardError;
@@ -104,7 +104,16 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                 }
                 let started = Instant::now();
                 let collective_before = current.comm.stats().time;
-                let result = current.engine.step(model, &plan, current.comm.as_mut());
+                let span = debug_span!(
+                    "step",
+                    epoch = plan.epoch,
+                    step = plan.step,
+                    new = plan.new.len(),
+                    prefill = plan.prefill.len(),
+                    decode = plan.decode.len()
+                );
+                let result =
+                    span.in_scope(|| current.engine.step(model, &plan, current.comm.as_mut()));
                 let done = Instant::now();
                 last_step_end = Some(done);
                 match result {

@@ -156,6 +156,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         seq_ids,
         shared,
         status,
+        down_since: Instant::now(),
         rate: Rate::default(),
         preemptions: 0,
         shard_tx,
@@ -180,6 +181,8 @@ struct Driver {
     shared: Arc<Shared>,
     /// Published to `shared` after every event.
     status: GroupStatus,
+    /// When the group last stopped serving (or started).
+    down_since: Instant,
     rate: Rate,
     /// Preemptions already counted in the metric.
     preemptions: u64,
@@ -455,7 +458,11 @@ impl Driver {
             self.waiting.remove(&seq);
             self.sched.cancel(seq);
         }
-        for seq in self.sched.expire(now, limits.queue_wait) {
+        let expired = match self.state {
+            State::Serving { .. } => Vec::new(),
+            _ => self.sched.expire(now, limits.queue_wait, self.down_since),
+        };
+        for seq in expired {
             let message = format!(
                 "group {} did not become ready within {} s{}",
                 self.config.name,
@@ -591,6 +598,9 @@ impl Driver {
     /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
     fn fence(&mut self, rank: Rank, reason: String) {
         self.shared.ready.store(false, Ordering::Relaxed);
+        if matches!(self.state, State::Serving { .. }) {
+            self.down_since = Instant::now();
+        }
         self.state = State::Down;
         let lost = self.sched.fence();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);

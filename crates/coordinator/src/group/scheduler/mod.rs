@@ -253,11 +253,14 @@ impl Scheduler {
     }
 
     /// Removes and returns queued requests (never started) that waited longer than
-    /// `max_wait`.
-    pub fn expire(&mut self, now: Instant, max_wait: Duration) -> Vec<SeqId> {
+    /// `max_wait` since they arrived or since `down_since` (when the group stopped
+    /// serving), whichever is later: a request waits for a group to come up, not for a
+    /// busy group (the bounded queue limits that).
+    pub fn expire(&mut self, now: Instant, max_wait: Duration, down_since: Instant) -> Vec<SeqId> {
         let mut expired = Vec::new();
         self.waiting.retain(|_, w| {
-            let keep = !w.generated.is_empty() || now.duration_since(w.arrived) < max_wait;
+            let since = w.arrived.max(down_since);
+            let keep = !w.generated.is_empty() || now.duration_since(since) < max_wait;
             if !keep {
                 expired.push(w.seq);
             }

@@ -198,8 +198,11 @@ fn deadline_and_expiry() {
     s.fence();
     s.submit(SeqId(2), request(1, 1), now).unwrap();
     let later = |secs| now + Duration::from_secs(secs);
-    assert!(s.expire(later(1), Duration::from_secs(2)).is_empty());
-    assert_eq!(s.expire(later(3), Duration::from_secs(2)), [SeqId(2)]);
+    let wait = Duration::from_secs(2);
+    assert!(s.expire(later(1), wait, now).is_empty());
+    // Counted from when the group went down, if that is later than the arrival.
+    assert!(s.expire(later(3), wait, later(2)).is_empty());
+    assert_eq!(s.expire(later(3), wait, now), [SeqId(2)]);
 }
 
 /// Shards simulated exactly as the engine applies plans: each sequence's next token is a
