@@ -1,36 +1,74 @@
-//! Dot products of one stored weight row with an activation vector, dispatched on the
-//! weight's [`DType`] and the CPU's [`Features`].
+//! Dot products of one stored weight row with one or more activation vectors, dispatched on
+//! the weight's [`DType`] and the CPU's [`Features`].
+//!
+//! [`BatchDot`] holds `n` vectors and dots a row with a run of them at once: each weight
+//! block is unpacked once per group of up to [`BatchDot::group`] vectors. A vector's result
+//! is the same bits whatever the group, the run or the other vectors (see `avx2.rs`); the
+//! scalar path is [`quant::dot_rows`], which has the same property.
 
 use super::Features;
 use crate::{DType, KernelError, quant};
 
-/// An activation vector prepared for many row dot products: it carries the per-32-block
-/// sums that the Q4_1 min term needs, computed once instead of once per row.
+/// Activation vectors prepared for many row dot products: `n` vectors of `cols` values laid
+/// out one after another, plus the per-32-block sums that the Q4_1 min term needs, computed
+/// once instead of once per row.
 #[derive(Debug)]
-pub struct RowDot<'a> {
-    x: &'a [f32],
+pub struct BatchDot<'a> {
+    dtype: DType,
+    cols: usize,
+    xs: &'a [f32],
+    /// `cols / 32` sums per vector (Q4_1 only).
     block_sums: Vec<f32>,
     features: Features,
 }
 
-impl<'a> RowDot<'a> {
-    /// Prepares `x` for rows of type `dtype`.
-    pub fn new(x: &'a [f32], dtype: DType) -> RowDot<'a> {
+impl<'a> BatchDot<'a> {
+    /// Prepares the `xs.len() / cols` vectors of `xs` for rows of `cols` values of `dtype`.
+    pub fn new(xs: &'a [f32], cols: usize, dtype: DType) -> Result<BatchDot<'a>, KernelError> {
+        dtype.row_bytes(cols)?;
+        if cols == 0 || !xs.len().is_multiple_of(cols) {
+            return Err(KernelError::Length {
+                what: "activation vectors (a multiple of the row's columns)",
+                expected: cols,
+                actual: xs.len(),
+            });
+        }
         let block_sums = if dtype == DType::Q4_1 {
-            x.chunks(32).map(|c| c.iter().sum()).collect()
+            xs.chunks(32).map(|c| c.iter().sum()).collect()
         } else {
             Vec::new()
         };
-        RowDot {
-            x,
+        Ok(BatchDot {
+            dtype,
+            cols,
+            xs,
             block_sums,
             features: Features::get(),
+        })
+    }
+
+    /// The number of vectors.
+    pub fn len(&self) -> usize {
+        self.xs.len() / self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.xs.is_empty()
+    }
+
+    /// How many vectors one kernel call takes: runs of this many share each unpacked weight
+    /// block. Chosen so that the accumulators of the whole group fit in the 16 AVX registers.
+    pub fn group(&self) -> usize {
+        match self.dtype {
+            DType::F32 => 3,
+            _ => 4,
         }
     }
 
-    /// Σ row·x where `row` holds one row of `dtype` values, `x.len()` of them.
-    pub fn dot(&self, dtype: DType, row: &[u8]) -> Result<f32, KernelError> {
-        let expected = dtype.row_bytes(self.x.len())?;
+    /// `out[j] = row · x[first + j]` for `j < out.len()`; `row` holds one row of `cols`
+    /// values of the prepared type.
+    pub fn dot_row(&self, row: &[u8], first: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        let expected = self.dtype.row_bytes(self.cols)?;
         if row.len() != expected {
             return Err(KernelError::ByteLength {
                 what: "weight row",
@@ -38,32 +76,108 @@ impl<'a> RowDot<'a> {
                 actual: row.len(),
             });
         }
+        if first + out.len() > self.len() {
+            return Err(KernelError::Length {
+                what: "vectors to dot (first + count)",
+                expected: self.len(),
+                actual: first + out.len(),
+            });
+        }
+        match self.group() {
+            3 => self.dot_run::<3>(row, first, out),
+            _ => self.dot_run::<4>(row, first, out),
+        }
+    }
+
+    /// [`BatchDot::dot_row`] in groups of `T` vectors, then one at a time: a vector's bits
+    /// depend on neither.
+    fn dot_run<const T: usize>(
+        &self,
+        row: &[u8],
+        first: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let (groups, rest) = out.as_chunks_mut::<T>();
+        for (g, ys) in groups.iter_mut().enumerate() {
+            *ys = self.dot_group(row, first + g * T)?;
+        }
+        let first = first + groups.len() * T;
+        for (j, y) in rest.iter_mut().enumerate() {
+            [*y] = self.dot_group(row, first + j)?;
+        }
+        Ok(())
+    }
+
+    /// `row · x[first + j]` for `T` vectors; lengths checked by `dot_row`.
+    fn dot_group<const T: usize>(&self, row: &[u8], first: usize) -> Result<[f32; T], KernelError> {
+        let cols = self.cols;
+        let xs: [&[f32]; T] = std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols]);
         #[cfg(target_arch = "x86_64")]
         if self.features.avx2 {
-            return Ok(self.dot_avx2(dtype, row));
+            return Ok(self.dot_group_avx2(row, first, xs));
         }
-        quant::dot_row(dtype, row, self.x)
+        quant::dot_rows(self.dtype, row, xs)
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(&self, dtype: DType, row: &[u8]) -> f32 {
+    fn dot_group_avx2<const T: usize>(
+        &self,
+        row: &[u8],
+        first: usize,
+        xs: [&[f32]; T],
+    ) -> [f32; T] {
         use super::avx2;
-        let x = self.x;
-        // SAFETY: `features.avx2` says AVX2, FMA and F16C are present, and `dot` checked
-        // that `row` holds exactly the bytes of `x.len()` values of `dtype`.
+        // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_row` checked that
+        // `row` holds exactly the bytes of `cols` values of `dtype`, and every `x` is `cols`
+        // long (sliced above), with `cols / 32` block sums each for Q4_1.
         unsafe {
-            match dtype {
-                DType::F32 => avx2::dot_f32(bytemuck_f32(row).as_ref(), x),
-                DType::F16 => avx2::dot_f16(row, x),
-                DType::BF16 => avx2::dot_bf16(row, x),
-                DType::Q8_0 => avx2::dot_q8_0(row, x),
-                DType::Q4_0 => avx2::dot_q4_0(row, x),
-                DType::Q4_1 => avx2::dot_q4_1(row, x, &self.block_sums),
+            match self.dtype {
+                DType::F32 => avx2::dot_f32(bytemuck_f32(row).as_ref(), xs),
+                DType::F16 => avx2::dot_f16(row, xs),
+                DType::BF16 => avx2::dot_bf16(row, xs),
+                DType::Q8_0 => avx2::dot_q8_0(row, xs),
+                DType::Q4_0 => avx2::dot_q4_0(row, xs),
+                DType::Q4_1 => {
+                    let blocks = self.cols / 32;
+                    let sums =
+                        std::array::from_fn(|j| &self.block_sums[(first + j) * blocks..][..blocks]);
+                    avx2::dot_q4_1(row, xs, sums)
+                }
                 DType::Q4K | DType::Q6K => {
-                    dequantize_dot(dtype, row, x, |a, b| avx2::dot_f32(a, b))
+                    dequantize_dot(self.dtype, row, xs, |a, b| avx2::dot_f32(a, b))
                 }
             }
         }
+    }
+}
+
+/// An activation vector prepared for many row dot products: a [`BatchDot`] of one vector.
+#[derive(Debug)]
+pub struct RowDot<'a> {
+    x: &'a [f32],
+    batch: Option<BatchDot<'a>>,
+}
+
+impl<'a> RowDot<'a> {
+    /// Prepares `x` for rows of type `dtype`.
+    pub fn new(x: &'a [f32], dtype: DType) -> RowDot<'a> {
+        RowDot {
+            x,
+            batch: BatchDot::new(x, x.len(), dtype).ok(),
+        }
+    }
+
+    /// Σ row·x where `row` holds one row of `dtype` values, `x.len()` of them.
+    pub fn dot(&self, dtype: DType, row: &[u8]) -> Result<f32, KernelError> {
+        let mut out = [0.0];
+        match &self.batch {
+            Some(batch) if batch.dtype == dtype => batch.dot_row(row, 0, &mut out)?,
+            // An empty `x` is no batch: the scalar product (0, or a length error).
+            _ if self.x.is_empty() => return quant::dot_rows(dtype, row, [self.x]).map(|[v]| v),
+            // Prepared for another type: prepare again (which reports a partial block).
+            _ => BatchDot::new(self.x, self.x.len(), dtype)?.dot_row(row, 0, &mut out)?,
+        }
+        Ok(out[0])
     }
 }
 
@@ -72,23 +186,32 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if Features::get().avx2 {
         // SAFETY: AVX2 and FMA are present.
-        return unsafe { super::avx2::dot_f32(a, b) };
+        return unsafe { super::avx2::dot_f32(a, [b])[0] };
     }
     a.iter().zip(b).map(|(a, b)| a * b).sum()
 }
 
-/// Dequantizes one block at a time into a stack buffer and dots it with `dot`.
-fn dequantize_dot(dtype: DType, row: &[u8], x: &[f32], dot: impl Fn(&[f32], &[f32]) -> f32) -> f32 {
+/// Dequantizes one block at a time into a stack buffer, once for all `T` vectors, and dots it
+/// with each vector's block with `dot`; each vector's per-block sums add up in block order.
+fn dequantize_dot<const T: usize>(
+    dtype: DType,
+    row: &[u8],
+    xs: [&[f32]; T],
+    dot: impl Fn(&[f32], [&[f32]; T]) -> [f32; T],
+) -> [f32; T] {
     let n = dtype.block_elems();
     let mut buf = [0.0f32; 256];
-    let mut total = 0.0;
-    for (block, xs) in row.chunks_exact(dtype.block_bytes()).zip(x.chunks_exact(n)) {
-        // Lengths match by construction (checked by `RowDot::dot`), so this cannot fail.
+    let mut totals = [0.0f32; T];
+    for (b, block) in row.chunks_exact(dtype.block_bytes()).enumerate() {
+        // Lengths match by construction (checked by `BatchDot::dot_row`), so this cannot fail.
         if quant::dequantize_row(dtype, block, &mut buf[..n]).is_ok() {
-            total += dot(&buf[..n], xs);
+            let sums = dot(&buf[..n], xs.map(|x| &x[b * n..(b + 1) * n]));
+            for (total, sum) in totals.iter_mut().zip(sums) {
+                *total += sum;
+            }
         }
     }
-    total
+    totals
 }
 
 /// Views little-endian f32 bytes as floats, copying only when the bytes are misaligned.
