@@ -97,8 +97,8 @@ pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelEr
     }
     let dots = BatchDot::new(xs, w.cols, w.dtype)?;
     let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
-    let tile_rows = (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1);
     let group = dots.group();
+    let tile_rows = (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1);
     // Row-major by weight row (row r's n results at r·n): one vector is `ys` itself.
     let mut by_row = if n == 1 {
         Vec::new()
@@ -106,17 +106,16 @@ pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelEr
         vec![0.0; n * w.rows]
     };
     let out = if n == 1 { &mut *ys } else { &mut by_row[..] };
+    let row_bytes = w.dtype.row_bytes(w.cols)?;
     out.par_chunks_mut(per_task * n)
         .enumerate()
         .try_for_each(|(task, out)| {
             let r0 = task * per_task;
             for (tile, out) in out.chunks_mut(tile_rows * n).enumerate() {
-                let r0 = r0 + tile * tile_rows;
+                let r = r0 + tile * tile_rows;
+                let rows = &w.data[r * row_bytes..(r + out.len() / n) * row_bytes];
                 for first in (0..n).step_by(group) {
-                    let count = group.min(n - first);
-                    for (i, out) in out.chunks_exact_mut(n).enumerate() {
-                        dots.dot_row(w.row(r0 + i), first, &mut out[first..first + count])?;
-                    }
+                    dots.dot_rows(rows, first, group.min(n - first), out)?;
                 }
             }
             Ok::<(), KernelError>(())

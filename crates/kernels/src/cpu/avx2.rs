@@ -82,14 +82,14 @@ pub unsafe fn dot_f32<const T: usize>(a: &[f32], xs: [&[f32]; T]) -> [f32; T] {
         }
         i += 8;
     }
-    std::array::from_fn(|t| {
-        let [a0, a1, a2, a3] = acc[t];
-        let mut total = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    let mut out = [0.0; T];
+    for ((total, [a0, a1, a2, a3]), x) in out.iter_mut().zip(acc).zip(xs) {
+        *total = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for j in i..n {
-            total += a[j] * xs[t][j];
+            *total += a[j] * x[j];
         }
-        total
-    })
+    }
+    out
 }
 
 /// Σ w·x for a row of 16-bit floats widened by `widen` (8 values from 16 bytes at a time).
@@ -123,13 +123,14 @@ unsafe fn dot_half<const T: usize>(
         }
         i += 16;
     }
-    std::array::from_fn(|t| {
-        let mut total = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
-        for (j, xj) in xs[t].iter().enumerate().take(n).skip(i) {
-            total += scalar(w, 2 * j) * xj;
+    let mut out = [0.0; T];
+    for ((total, [a0, a1]), x) in out.iter_mut().zip(acc).zip(xs) {
+        *total = hsum(_mm256_add_ps(a0, a1));
+        for (j, xj) in x.iter().enumerate().take(n).skip(i) {
+            *total += scalar(w, 2 * j) * xj;
         }
-        total
-    })
+    }
+    out
 }
 
 /// Σ w·x for a row of f16 (`w` holds `2 · x.len()` bytes).
@@ -190,28 +191,75 @@ fn unpack_nibbles(qs: __m128i, offset: __m128i) -> [__m256; 4] {
     let mask = _mm_set1_epi8(0x0f);
     let lo = _mm_sub_epi8(_mm_and_si128(qs, mask), offset);
     let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), offset);
-    [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
-        .map(|part| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)))
+    [
+        widen_i8(lo),
+        widen_i8(_mm_srli_si128::<8>(lo)),
+        widen_i8(hi),
+        widen_i8(_mm_srli_si128::<8>(hi)),
+    ]
 }
 
-/// Adds `d · Σ q·x` of block `b` into each vector's total for blocks of `b`'s parity:
-/// alternating accumulators so consecutive blocks do not wait on each other.
+/// The low 8 bytes of `part` as signed integers, converted to 8 floats.
+///
+/// Kernels call small `#[target_feature]` functions like this one rather than closures
+/// through `array::map` or `array::from_fn`: those have no target features, so such a
+/// closure is never inlined and every block would cost a call.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn widen_i8(part: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part))
+}
+
+/// Adds `d · Σ q·x` of block `b` into each vector's total in `totals`.
 ///
 /// # Safety
 /// Needs AVX2 and FMA; `b·32 + 32 <= x.len()` for every `x`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn accumulate_block<const T: usize>(
-    totals: &mut [[__m256; 2]; T],
+    totals: &mut [__m256; T],
     q: &[__m256; 4],
     d: __m256,
     xs: &[&[f32]; T],
     b: usize,
 ) {
-    for (totals, x) in totals.iter_mut().zip(xs) {
+    for (total, x) in totals.iter_mut().zip(xs) {
         // SAFETY: the caller guarantees b·32 + 32 <= x.len().
         let acc = unsafe { block_dot(q, x, b * 32) };
-        totals[b & 1] = _mm256_fmadd_ps(d, acc, totals[b & 1]);
+        *total = _mm256_fmadd_ps(d, acc, *total);
+    }
+}
+
+/// Each vector's `hsum(even + odd)` of its two block accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn finish<const T: usize>(totals: [[__m256; T]; 2]) -> [f32; T] {
+    let mut out = [0.0; T];
+    for (t, total) in out.iter_mut().enumerate() {
+        *total = hsum(_mm256_add_ps(totals[0][t], totals[1][t]));
+    }
+    out
+}
+
+/// Runs `block(bytes, b, parity)` over the `BYTES`-byte blocks of `w` in order, where
+/// `parity` is `b & 1`. Blocks alternate between two sets of accumulators so that
+/// consecutive blocks do not wait on each other; taking the blocks two at a time makes the
+/// choice static, so the accumulators stay in registers.
+#[inline(always)]
+fn for_each_block_pair<const BYTES: usize>(
+    w: &[u8],
+    mut block: impl FnMut(&[u8; BYTES], usize, usize),
+) {
+    let (blocks, _) = w.as_chunks::<BYTES>();
+    let mut pairs = blocks.chunks_exact(2);
+    let mut b = 0;
+    for pair in &mut pairs {
+        block(&pair[0], b, 0);
+        block(&pair[1], b + 1, 1);
+        b += 2;
+    }
+    if let [last] = pairs.remainder() {
+        block(last, b, 0);
     }
 }
 
@@ -222,18 +270,27 @@ unsafe fn accumulate_block<const T: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let mut totals = [[_mm256_setzero_ps(); 2]; T];
-    for (b, block) in w.chunks_exact(34).enumerate() {
-        // SAFETY: bytes 2..34 are inside the block.
-        let q = [0, 1, 2, 3].map(|k| unsafe {
-            let bytes = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
-        });
-        let d = _mm256_set1_ps(f16_at(block, 0));
-        // SAFETY: b·32 + 32 <= x.len() by the row length.
-        unsafe { accumulate_block(&mut totals, &q, d, &xs, b) };
-    }
-    totals.map(|[t0, t1]| hsum(_mm256_add_ps(t0, t1)))
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<34>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 2..34 are inside the block.
+            let q = unsafe {
+                let at = |k: usize| _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
+                [
+                    widen_i8(at(0)),
+                    widen_i8(at(1)),
+                    widen_i8(at(2)),
+                    widen_i8(at(3)),
+                ]
+            };
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
 }
 
 /// Q4_0 row: blocks of (f16 d, 16 bytes of nibbles); value = d·(q − 8).
@@ -244,16 +301,20 @@ pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let eight = _mm_set1_epi8(8);
-    let mut totals = [[_mm256_setzero_ps(); 2]; T];
-    for (b, block) in w.chunks_exact(18).enumerate() {
-        // SAFETY: bytes 2..18 are inside the block.
-        let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
-        let q = unpack_nibbles(qs, eight);
-        let d = _mm256_set1_ps(f16_at(block, 0));
-        // SAFETY: b·32 + 32 <= x.len() by the row length.
-        unsafe { accumulate_block(&mut totals, &q, d, &xs, b) };
-    }
-    totals.map(|[t0, t1]| hsum(_mm256_add_ps(t0, t1)))
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<18>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 2..18 are inside the block.
+            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+            let q = unpack_nibbles(qs, eight);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
 }
 
 /// Q4_1 row: blocks of (f16 d, f16 m, 16 bytes of nibbles); value = d·q + m.
@@ -267,21 +328,28 @@ pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
     let zero = _mm_setzero_si128();
-    let mut totals = [[_mm256_setzero_ps(); 2]; T];
-    let mut mins = [[0.0f32; 2]; T];
-    for (b, block) in w.chunks_exact(20).enumerate() {
-        // SAFETY: bytes 4..20 are inside the block.
-        let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
-        let q = unpack_nibbles(qs, zero);
-        let d = _mm256_set1_ps(f16_at(block, 0));
-        // SAFETY: b·32 + 32 <= x.len() by the row length.
-        unsafe { accumulate_block(&mut totals, &q, d, &xs, b) };
-        let m = f16_at(block, 2);
-        for (mins, sums) in mins.iter_mut().zip(&sums) {
-            mins[b & 1] += m * sums[b];
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<20>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 4..20 are inside the block.
+            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
+            let q = unpack_nibbles(qs, zero);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    // The min terms in a pass of their own: the same operations in the same order as in the
+    // block loop, without holding on to registers and bounds checks there.
+    let mut out = finish(totals);
+    for (total, sums) in out.iter_mut().zip(sums) {
+        let mut mins = [0.0f32; 2];
+        for (b, (block, sum)) in w.chunks_exact(20).zip(sums).enumerate() {
+            mins[b & 1] += f16_at(block, 2) * sum;
         }
+        *total = *total + mins[0] + mins[1];
     }
-    std::array::from_fn(|t| {
-        hsum(_mm256_add_ps(totals[t][0], totals[t][1])) + mins[t][0] + mins[t][1]
-    })
+    out
 }

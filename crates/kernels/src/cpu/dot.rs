@@ -65,90 +65,128 @@ impl<'a> BatchDot<'a> {
         }
     }
 
-    /// `out[j] = row · x[first + j]` for `j < out.len()`; `row` holds one row of `cols`
-    /// values of the prepared type.
-    pub fn dot_row(&self, row: &[u8], first: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        let expected = self.dtype.row_bytes(self.cols)?;
-        if row.len() != expected {
-            return Err(KernelError::ByteLength {
-                what: "weight row",
-                expected,
-                actual: row.len(),
-            });
-        }
-        if first + out.len() > self.len() {
-            return Err(KernelError::Length {
-                what: "vectors to dot (first + count)",
-                expected: self.len(),
-                actual: first + out.len(),
-            });
-        }
-        match self.group() {
-            3 => self.dot_run::<3>(row, first, out),
-            _ => self.dot_run::<4>(row, first, out),
-        }
-    }
-
-    /// [`BatchDot::dot_row`] in groups of `T` vectors, then one at a time: a vector's bits
-    /// depend on neither.
-    fn dot_run<const T: usize>(
+    /// Dots each of the whole rows in `rows` (`cols` values of the prepared type each) with
+    /// vectors `first..first + count`: `out[i·n + j] = row_i · x_j` for those `j`, where `n`
+    /// is [`BatchDot::len`]; `out` holds `n` values per row, and the others stay untouched.
+    pub fn dot_rows(
         &self,
-        row: &[u8],
+        rows: &[u8],
         first: usize,
+        count: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        let (groups, rest) = out.as_chunks_mut::<T>();
-        for (g, ys) in groups.iter_mut().enumerate() {
-            *ys = self.dot_group(row, first + g * T)?;
+        let row_bytes = self.dtype.row_bytes(self.cols)?;
+        if row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
+            return Err(KernelError::ByteLength {
+                what: "weight rows (a multiple of the row size)",
+                expected: row_bytes,
+                actual: rows.len(),
+            });
         }
-        let first = first + groups.len() * T;
-        for (j, y) in rest.iter_mut().enumerate() {
-            [*y] = self.dot_group(row, first + j)?;
+        let n = self.len();
+        if out.len() != rows.len() / row_bytes * n {
+            return Err(KernelError::Length {
+                what: "row dot outputs (rows × vectors)",
+                expected: rows.len() / row_bytes * n,
+                actual: out.len(),
+            });
         }
-        Ok(())
+        if first + count > n {
+            return Err(KernelError::Length {
+                what: "vectors to dot (first + count)",
+                expected: n,
+                actual: first + count,
+            });
+        }
+        let run = RowRun {
+            rows,
+            row_bytes,
+            first,
+            count,
+        };
+        match self.group() {
+            3 => self.dot_run::<3>(run, out),
+            _ => self.dot_run::<4>(run, out),
+        }
     }
 
-    /// `row · x[first + j]` for `T` vectors; lengths checked by `dot_row`.
-    fn dot_group<const T: usize>(&self, row: &[u8], first: usize) -> Result<[f32; T], KernelError> {
+    /// The `count` vectors from `first` on, as `T` slices of `cols` values.
+    fn xs<const T: usize>(&self, first: usize) -> [&'a [f32]; T] {
         let cols = self.cols;
-        let xs: [&[f32]; T] = std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols]);
+        std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols])
+    }
+
+    /// Each row with the run's vectors in groups of `T`, then one at a time: a vector's bits
+    /// depend on neither. Dispatches on the path and type once per run, not once per row.
+    fn dot_run<const T: usize>(&self, run: RowRun<'_>, out: &mut [f32]) -> Result<(), KernelError> {
+        let n = self.len();
+        // `$call` computes the dot products of `$row` with the vectors from `$first` on, as
+        // many as its destination holds (T, then 1).
+        macro_rules! each_row {
+            ($row:ident, $first:ident, $call:expr) => {
+                for ($row, out) in run
+                    .rows
+                    .chunks_exact(run.row_bytes)
+                    .zip(out.chunks_exact_mut(n))
+                {
+                    let out = &mut out[run.first..run.first + run.count];
+                    let (groups, rest) = out.as_chunks_mut::<T>();
+                    for (g, ys) in groups.iter_mut().enumerate() {
+                        let $first = run.first + g * T;
+                        *ys = $call;
+                    }
+                    let done = run.first + groups.len() * T;
+                    for (j, y) in rest.iter_mut().enumerate() {
+                        let $first = done + j;
+                        [*y] = $call;
+                    }
+                }
+            };
+        }
         #[cfg(target_arch = "x86_64")]
         if self.features.avx2 {
-            return Ok(self.dot_group_avx2(row, first, xs));
-        }
-        quant::dot_rows(self.dtype, row, xs)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn dot_group_avx2<const T: usize>(
-        &self,
-        row: &[u8],
-        first: usize,
-        xs: [&[f32]; T],
-    ) -> [f32; T] {
-        use super::avx2;
-        // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_row` checked that
-        // `row` holds exactly the bytes of `cols` values of `dtype`, and every `x` is `cols`
-        // long (sliced above), with `cols / 32` block sums each for Q4_1.
-        unsafe {
-            match self.dtype {
-                DType::F32 => avx2::dot_f32(bytemuck_f32(row).as_ref(), xs),
-                DType::F16 => avx2::dot_f16(row, xs),
-                DType::BF16 => avx2::dot_bf16(row, xs),
-                DType::Q8_0 => avx2::dot_q8_0(row, xs),
-                DType::Q4_0 => avx2::dot_q4_0(row, xs),
-                DType::Q4_1 => {
-                    let blocks = self.cols / 32;
-                    let sums =
-                        std::array::from_fn(|j| &self.block_sums[(first + j) * blocks..][..blocks]);
-                    avx2::dot_q4_1(row, xs, sums)
-                }
-                DType::Q4K | DType::Q6K => {
-                    dequantize_dot(self.dtype, row, xs, |a, b| avx2::dot_f32(a, b))
+            use super::avx2;
+            let blocks = self.cols / 32;
+            // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_rows` checked
+            // that every row holds exactly the bytes of `cols` values of `dtype`, and every
+            // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1.
+            unsafe {
+                match self.dtype {
+                    DType::F32 => each_row!(row, f, avx2::dot_f32(&bytemuck_f32(row), self.xs(f))),
+                    DType::F16 => each_row!(row, f, avx2::dot_f16(row, self.xs(f))),
+                    DType::BF16 => each_row!(row, f, avx2::dot_bf16(row, self.xs(f))),
+                    DType::Q8_0 => each_row!(row, f, avx2::dot_q8_0(row, self.xs(f))),
+                    DType::Q4_0 => each_row!(row, f, avx2::dot_q4_0(row, self.xs(f))),
+                    DType::Q4_1 => each_row!(
+                        row,
+                        f,
+                        avx2::dot_q4_1(
+                            row,
+                            self.xs(f),
+                            std::array::from_fn(|j| &self.block_sums[(f + j) * blocks..][..blocks])
+                        )
+                    ),
+                    DType::Q4K | DType::Q6K => each_row!(
+                        row,
+                        f,
+                        dequantize_dot(self.dtype, row, self.xs(f), |a, b| avx2::dot_f32(a, b))
+                    ),
                 }
             }
+            return Ok(());
         }
+        each_row!(row, f, quant::dot_rows(self.dtype, row, self.xs(f))?);
+        Ok(())
     }
+}
+
+/// The rows and the run of vectors of one [`BatchDot::dot_rows`] call, checked.
+#[derive(Clone, Copy)]
+struct RowRun<'r> {
+    rows: &'r [u8],
+    row_bytes: usize,
+    first: usize,
+    count: usize,
 }
 
 /// An activation vector prepared for many row dot products: a [`BatchDot`] of one vector.
@@ -171,11 +209,11 @@ impl<'a> RowDot<'a> {
     pub fn dot(&self, dtype: DType, row: &[u8]) -> Result<f32, KernelError> {
         let mut out = [0.0];
         match &self.batch {
-            Some(batch) if batch.dtype == dtype => batch.dot_row(row, 0, &mut out)?,
+            Some(batch) if batch.dtype == dtype => batch.dot_rows(row, 0, 1, &mut out)?,
             // An empty `x` is no batch: the scalar product (0, or a length error).
             _ if self.x.is_empty() => return quant::dot_rows(dtype, row, [self.x]).map(|[v]| v),
             // Prepared for another type: prepare again (which reports a partial block).
-            _ => BatchDot::new(self.x, self.x.len(), dtype)?.dot_row(row, 0, &mut out)?,
+            _ => BatchDot::new(self.x, self.x.len(), dtype)?.dot_rows(row, 0, 1, &mut out)?,
         }
         Ok(out[0])
     }
@@ -203,7 +241,7 @@ fn dequantize_dot<const T: usize>(
     let mut buf = [0.0f32; 256];
     let mut totals = [0.0f32; T];
     for (b, block) in row.chunks_exact(dtype.block_bytes()).enumerate() {
-        // Lengths match by construction (checked by `BatchDot::dot_row`), so this cannot fail.
+        // Lengths match by construction (checked by `BatchDot::dot_rows`), so this cannot fail.
         if quant::dequantize_row(dtype, block, &mut buf[..n]).is_ok() {
             let sums = dot(&buf[..n], xs.map(|x| &x[b * n..(b + 1) * n]));
             for (total, sum) in totals.iter_mut().zip(sums) {
