@@ -116,66 +116,68 @@ impl<'a> BatchDot<'a> {
         std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols])
     }
 
+    /// The Q4_1 block sums of `T` vectors from `first` on (empty slices for other types).
+    fn sums<const T: usize>(&self, first: usize) -> [&[f32]; T] {
+        let blocks = self.cols / 32;
+        if self.block_sums.is_empty() {
+            return [&[]; T];
+        }
+        std::array::from_fn(|j| &self.block_sums[(first + j) * blocks..][..blocks])
+    }
+
     /// Each row with the run's vectors in groups of `T`, then one at a time: a vector's bits
     /// depend on neither. Dispatches on the path and type once per run, not once per row.
     fn dot_run<const T: usize>(&self, run: RowRun<'_>, out: &mut [f32]) -> Result<(), KernelError> {
         let n = self.len();
-        // `$call` computes the dot products of `$row` with the vectors from `$first` on, as
-        // many as its destination holds (T, then 1).
+        // `$call` computes the dot products of `$row` with the vectors `$xs` (and their block
+        // sums `$sums`), as many as its destination holds: groups of T, then single vectors.
+        // Groups run outside rows so that a group's slices are made once per run.
         macro_rules! each_row {
-            ($row:ident, $first:ident, $call:expr) => {
-                for ($row, out) in run
-                    .rows
-                    .chunks_exact(run.row_bytes)
-                    .zip(out.chunks_exact_mut(n))
-                {
-                    let out = &mut out[run.first..run.first + run.count];
-                    let (groups, rest) = out.as_chunks_mut::<T>();
-                    for (g, ys) in groups.iter_mut().enumerate() {
-                        let $first = run.first + g * T;
-                        *ys = $call;
-                    }
-                    let done = run.first + groups.len() * T;
-                    for (j, y) in rest.iter_mut().enumerate() {
-                        let $first = done + j;
-                        [*y] = $call;
+            ($row:ident, $xs:ident, $sums:ident, $call:expr) => {{
+                let groups_end = run.first + run.count / T * T;
+                for first in (run.first..groups_end).step_by(T) {
+                    let ($xs, $sums) = (self.xs::<T>(first), self.sums::<T>(first));
+                    let rows = run.rows.chunks_exact(run.row_bytes);
+                    for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
+                        if let Some(ys) = out[first..].first_chunk_mut::<T>() {
+                            *ys = $call;
+                        }
                     }
                 }
-            };
+                for first in groups_end..run.first + run.count {
+                    let ($xs, $sums) = (self.xs::<1>(first), self.sums::<1>(first));
+                    let rows = run.rows.chunks_exact(run.row_bytes);
+                    for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
+                        [out[first]] = $call;
+                    }
+                }
+            }};
         }
         #[cfg(target_arch = "x86_64")]
         if self.features.avx2 {
             use super::avx2;
-            let blocks = self.cols / 32;
             // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_rows` checked
             // that every row holds exactly the bytes of `cols` values of `dtype`, and every
             // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1.
             unsafe {
                 match self.dtype {
-                    DType::F32 => each_row!(row, f, avx2::dot_f32(&bytemuck_f32(row), self.xs(f))),
-                    DType::F16 => each_row!(row, f, avx2::dot_f16(row, self.xs(f))),
-                    DType::BF16 => each_row!(row, f, avx2::dot_bf16(row, self.xs(f))),
-                    DType::Q8_0 => each_row!(row, f, avx2::dot_q8_0(row, self.xs(f))),
-                    DType::Q4_0 => each_row!(row, f, avx2::dot_q4_0(row, self.xs(f))),
-                    DType::Q4_1 => each_row!(
-                        row,
-                        f,
-                        avx2::dot_q4_1(
-                            row,
-                            self.xs(f),
-                            std::array::from_fn(|j| &self.block_sums[(f + j) * blocks..][..blocks])
-                        )
-                    ),
+                    DType::F32 => each_row!(row, xs, _s, avx2::dot_f32(&bytemuck_f32(row), xs)),
+                    DType::F16 => each_row!(row, xs, _s, avx2::dot_f16(row, xs)),
+                    DType::BF16 => each_row!(row, xs, _s, avx2::dot_bf16(row, xs)),
+                    DType::Q8_0 => each_row!(row, xs, _s, avx2::dot_q8_0(row, xs)),
+                    DType::Q4_0 => each_row!(row, xs, _s, avx2::dot_q4_0(row, xs)),
+                    DType::Q4_1 => each_row!(row, xs, sums, avx2::dot_q4_1(row, xs, sums)),
                     DType::Q4K | DType::Q6K => each_row!(
                         row,
-                        f,
-                        dequantize_dot(self.dtype, row, self.xs(f), |a, b| avx2::dot_f32(a, b))
+                        xs,
+                        _s,
+                        dequantize_dot(self.dtype, row, xs, |a, b| avx2::dot_f32(a, b))
                     ),
                 }
             }
             return Ok(());
         }
-        each_row!(row, f, quant::dot_rows(self.dtype, row, self.xs(f))?);
+        each_row!(row, xs, _s, quant::dot_rows(self.dtype, row, xs)?);
         Ok(())
     }
 }
