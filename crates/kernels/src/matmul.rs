@@ -98,7 +98,12 @@ pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelEr
     let dots = BatchDot::new(xs, w.cols, w.dtype)?;
     let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
     let group = dots.group();
-    let tile_rows = (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1);
+    // One group (decode): nothing to reuse the tile for, so a task's rows are one call.
+    let tile_rows = if n <= group {
+        per_task
+    } else {
+        (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1)
+    };
     // Row-major by weight row (row r's n results at r·n): one vector is `ys` itself.
     let mut by_row = if n == 1 {
         Vec::new()
