@@ -1,12 +1,13 @@
 //! Matrix × vector(s) for weights of any [`DType`]: `y = W·x` for one or more activation
 //! vectors, rows split across the rayon pool.
 //!
-//! Weights stay in their stored type: each row is dotted block by block (see
-//! [`crate::cpu::RowDot`]), so a quantized model is never expanded to f32 in memory.
+//! Weights stay in their stored type: each row is dotted block by block with a group of
+//! vectors at a time (see [`crate::cpu::BatchDot`]), so a quantized model is never expanded
+//! to f32 in memory, and a vector's result does not depend on the batch it came in.
 
 use rayon::prelude::*;
 
-use crate::cpu::RowDot;
+use crate::cpu::BatchDot;
 use crate::{DType, KernelError, quant};
 
 /// A borrowed row-major weight matrix: `rows` rows of `cols` values of `dtype`.
@@ -76,73 +77,59 @@ impl<'a> MatRef<'a> {
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance.
 const MIN_ROWS_PER_TASK: usize = 16;
 
+/// Weight bytes of the rows that one vector group runs through before the next group: small
+/// enough that the tile stays in L1/L2 while every group of the batch passes over it.
+const TILE_BYTES: usize = 16 << 10;
+
 /// `ys[t] = W · xs[t]` for `n = xs.len() / cols` vectors laid out one after another;
 /// `ys` holds `n × rows` values.
+///
+/// Batch invariant: `ys[t]` is the same bits for any `n`, any position `t` and any other
+/// vectors, and equal to the n = 1 result of `xs[t]` alone. Every (row, vector) dot product
+/// runs the same single-vector accumulation; batching only shares the unpacking of each
+/// weight block between groups of vectors ([`BatchDot`]), and the row split across threads
+/// does not touch any one dot product. Batch invariance holds per code path: the AVX2 and
+/// the scalar paths round differently.
 pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelError> {
     let n = check_lengths(w, xs, ys)?;
-    let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
-    if n == 1 {
-        let prep = RowDot::new(xs, w.dtype);
-        return ys
-            .par_chunks_mut(per_task)
-            .enumerate()
-            .try_for_each(|(chunk, out)| {
-                for (i, y) in out.iter_mut().enumerate() {
-                    *y = prep.dot(w.dtype, w.row(chunk * per_task + i))?;
-                }
-                Ok(())
-            });
+    if n == 0 || w.rows == 0 {
+        return Ok(());
     }
-    matmul_gemm(w, xs, ys, n)
-}
-
-/// Weight values dequantized at once for a batched product: bounds the f32 copy of a large
-/// matrix to 16 MiB while keeping each GEMM call large enough to run at full speed.
-const GEMM_TILE_VALUES: usize = 4 << 20;
-
-/// `n > 1` tokens: dequantize a tile of rows to f32 and multiply with the `gemm` crate's
-/// cache-blocked kernels; the dequantization is shared by the whole batch.
-fn matmul_gemm(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32], n: usize) -> Result<(), KernelError> {
-    let tile_rows = (GEMM_TILE_VALUES / w.cols).clamp(1, w.rows);
-    let mut tile = vec![0.0f32; tile_rows * w.cols];
-    let threads = rayon::current_num_threads();
-    for r0 in (0..w.rows).step_by(tile_rows) {
-        let rows = tile_rows.min(w.rows - r0);
-        let tile = &mut tile[..rows * w.cols];
-        tile.par_chunks_mut(w.cols)
-            .enumerate()
-            .try_for_each(|(i, row)| quant::dequantize_row(w.dtype, w.row(r0 + i), row))?;
-        let parallelism = if threads > 1 {
-            gemm::Parallelism::Rayon(threads)
-        } else {
-            gemm::Parallelism::None
-        };
-        // SAFETY: dst is `ys` offset by r0 columns: element (t, r) at t·w.rows + r0 + r with
-        // t < n, r < rows, inside `ys` (n × w.rows, checked by `check_lengths`). lhs is `xs`
-        // (n × cols, row-major); rhs is the tile transposed: (k, r) at r·cols + k, inside the
-        // tile (rows × cols). No two of them overlap; `read_dst` is false.
-        unsafe {
-            gemm::gemm(
-                n,
-                rows,
-                w.cols,
-                ys.as_mut_ptr().add(r0),
-                1,
-                w.rows as isize,
-                false,
-                xs.as_ptr(),
-                1,
-                w.cols as isize,
-                tile.as_ptr(),
-                w.cols as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            );
+    let dots = BatchDot::new(xs, w.cols, w.dtype)?;
+    let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
+    let group = dots.group();
+    // One group (decode): nothing to reuse the tile for, so a task's rows are one call.
+    let tile_rows = if n <= group {
+        per_task
+    } else {
+        (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1)
+    };
+    // Row-major by weight row (row r's n results at r·n): one vector is `ys` itself.
+    let mut by_row = if n == 1 {
+        Vec::new()
+    } else {
+        vec![0.0; n * w.rows]
+    };
+    let out = if n == 1 { &mut *ys } else { &mut by_row[..] };
+    let row_bytes = w.dtype.row_bytes(w.cols)?;
+    out.par_chunks_mut(per_task * n)
+        .enumerate()
+        .try_for_each(|(task, out)| {
+            let r0 = task * per_task;
+            for (tile, out) in out.chunks_mut(tile_rows * n).enumerate() {
+                let r = r0 + tile * tile_rows;
+                let rows = &w.data[r * row_bytes..(r + out.len() / n) * row_bytes];
+                for first in (0..n).step_by(group) {
+                    dots.dot_rows(rows, first, group.min(n - first), out)?;
+                }
+            }
+            Ok::<(), KernelError>(())
+        })?;
+    if n > 1 {
+        for (r, row) in by_row.chunks_exact(n).enumerate() {
+            for (t, y) in row.iter().enumerate() {
+                ys[t * w.rows + r] = *y;
+            }
         }
     }
     Ok(())

@@ -8,47 +8,8 @@ use tessera_kernels::cpu::RowDot;
 use tessera_kernels::matmul::{MatRef, matmul, matmul_reference};
 use tessera_kernels::quant::{dequantize_row, dot_row};
 
-/// Random stored rows of `dtype` with finite, moderate scales.
-fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
-    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
-    let row_bytes = dtype.row_bytes(cols).unwrap();
-    let mut data = vec![0u8; rows * row_bytes];
-    rng.fill(&mut data[..]);
-    match dtype {
-        DType::F32 => {
-            for c in data.chunks_exact_mut(4) {
-                c.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes());
-            }
-        }
-        DType::F16 => {
-            for c in data.chunks_exact_mut(2) {
-                c.copy_from_slice(&f16(rng.random_range(-1.0..1.0)));
-            }
-        }
-        DType::BF16 => {
-            for c in data.chunks_exact_mut(2) {
-                let v = half::bf16::from_f32(rng.random_range(-1.0..1.0));
-                c.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        _ => {
-            // Scale fields: d (and the min) at the block start; Q6_K keeps d at its end.
-            for block in data.chunks_exact_mut(dtype.block_bytes()) {
-                let d = f16(rng.random_range(0.001..0.05));
-                let m = f16(rng.random_range(-0.05..0.05));
-                match dtype {
-                    DType::Q6K => block[208..210].copy_from_slice(&d),
-                    DType::Q4_1 | DType::Q4K => {
-                        block[0..2].copy_from_slice(&d);
-                        block[2..4].copy_from_slice(&m);
-                    }
-                    _ => block[0..2].copy_from_slice(&d),
-                }
-            }
-        }
-    }
-    data
-}
+mod common;
+use common::random_rows;
 
 #[test]
 fn row_dot_matches_scalar_for_every_dtype() {

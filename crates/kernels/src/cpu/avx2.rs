@@ -1,12 +1,22 @@
-//! AVX2 + FMA + F16C row-dot products (x86-64-v3).
+//! AVX2 + FMA + F16C row-dot products (x86-64-v3), each for `T` activation vectors at once.
+//!
+//! Every kernel dots one weight row with `T` vectors: a weight block is loaded and unpacked
+//! into registers once and multiplied into the accumulators of all `T` vectors. Each vector's
+//! accumulation — lanes, accumulator of each block, block order, horizontal sum — is the same
+//! sequence of operations for every `T`, so a vector's result does not depend on `T` or on the
+//! other vectors: `T = 1` is the single-vector kernel, and a batched matmul gives the bits of
+//! the n = 1 one. (Rust never contracts or reassociates float operations on its own, so the
+//! same sequence of intrinsics and scalar operations rounds the same way.)
 //!
 //! Every function here is `unsafe` only because it needs those CPU features; callers in
 //! `dot.rs` check [`super::Features`] first and have already checked the slice lengths
-//! (`w.len() == dtype.row_bytes(x.len())`). Loads are unaligned and stay inside the slices.
+//! (`w.len() == dtype.row_bytes(x.len())` and every `x` of one length). Loads are unaligned
+//! and stay inside the slices.
 
 use std::arch::x86_64::*;
 
 /// Sums the 8 lanes of `v`.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
@@ -37,133 +47,130 @@ unsafe fn load8(x: &[f32], at: usize) -> __m256 {
     unsafe { _mm256_loadu_ps(x.as_ptr().add(at)) }
 }
 
-/// Σ a·b for two f32 slices of equal length.
+/// The length every `x` (and `a`) has at least: the products are taken over this many values.
+fn common_len<const T: usize>(a: usize, xs: &[&[f32]; T]) -> usize {
+    xs.iter().fold(a, |n, x| n.min(x.len()))
+}
+
+/// Σ a·x for each `x` in `xs`, over the shortest length.
 ///
 /// # Safety
 /// Needs AVX2 and FMA.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let mut acc = [_mm256_setzero_ps(); 4];
+pub unsafe fn dot_f32<const T: usize>(a: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    let n = common_len(a.len(), &xs);
+    let mut acc = [[_mm256_setzero_ps(); 4]; T];
     let mut i = 0;
     while i + 32 <= n {
-        for (k, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: i + 32 <= n bounds both slices.
-            *acc = unsafe { _mm256_fmadd_ps(load8(a, i + 8 * k), load8(b, i + 8 * k), *acc) };
+        for k in 0..4 {
+            // SAFETY: i + 32 <= n bounds `a` and every `x`.
+            let w = unsafe { load8(a, i + 8 * k) };
+            for (acc, x) in acc.iter_mut().zip(&xs) {
+                // SAFETY: as above.
+                acc[k] = unsafe { _mm256_fmadd_ps(w, load8(x, i + 8 * k), acc[k]) };
+            }
         }
         i += 32;
     }
     while i + 8 <= n {
-        // SAFETY: i + 8 <= n bounds both slices.
-        acc[0] = unsafe { _mm256_fmadd_ps(load8(a, i), load8(b, i), acc[0]) };
+        // SAFETY: i + 8 <= n bounds `a` and every `x`.
+        let w = unsafe { load8(a, i) };
+        for (acc, x) in acc.iter_mut().zip(&xs) {
+            // SAFETY: as above.
+            acc[0] = unsafe { _mm256_fmadd_ps(w, load8(x, i), acc[0]) };
+        }
         i += 8;
     }
-    let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut total = hsum(sum);
-    for j in i..n {
-        total += a[j] * b[j];
+    let mut out = [0.0; T];
+    for ((total, [a0, a1, a2, a3]), x) in out.iter_mut().zip(acc).zip(xs) {
+        *total = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        for j in i..n {
+            *total += a[j] * x[j];
+        }
     }
-    total
+    out
 }
 
-/// Σ w·x for a row of f16 (`w` holds `2 · x.len()` bytes; `x.len()` a multiple of 8).
+/// Σ w·x for a row of 16-bit floats widened by `widen` (8 values from 16 bytes at a time).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() >= 2 · n` for the common length `n` of the `xs`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_half<const T: usize>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    widen: impl Fn(__m128i) -> __m256,
+    scalar: impl Fn(&[u8], usize) -> f32,
+) -> [f32; T] {
+    let n = common_len(w.len() / 2, &xs);
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: 2·(i + 16) <= w.len().
+        let (f0, f1) = unsafe {
+            let h0 = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
+            let h1 = _mm_loadu_si128(w.as_ptr().add(2 * i + 16).cast());
+            (widen(h0), widen(h1))
+        };
+        for (acc, x) in acc.iter_mut().zip(&xs) {
+            // SAFETY: i + 16 <= x.len().
+            unsafe {
+                acc[0] = _mm256_fmadd_ps(f0, load8(x, i), acc[0]);
+                acc[1] = _mm256_fmadd_ps(f1, load8(x, i + 8), acc[1]);
+            }
+        }
+        i += 16;
+    }
+    let mut out = [0.0; T];
+    for ((total, [a0, a1]), x) in out.iter_mut().zip(acc).zip(xs) {
+        *total = hsum(_mm256_add_ps(a0, a1));
+        for (j, xj) in x.iter().enumerate().take(n).skip(i) {
+            *total += scalar(w, 2 * j) * xj;
+        }
+    }
+    out
+}
+
+/// Σ w·x for a row of f16 (`w` holds `2 · x.len()` bytes).
 ///
 /// # Safety
 /// Needs AVX2, FMA and F16C.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 16 <= x.len() {
-        // SAFETY: 2·(i + 16) <= w.len() and i + 16 <= x.len().
-        unsafe {
-            let h0 = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
-            let h1 = _mm_loadu_si128(w.as_ptr().add(2 * i + 16).cast());
-            acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(h0), load8(x, i), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(h1), load8(x, i + 8), acc1);
-        }
-        i += 16;
-    }
-    let mut total = hsum(_mm256_add_ps(acc0, acc1));
-    for (j, xj) in x.iter().enumerate().skip(i) {
-        total += f16_at(w, 2 * j) * xj;
-    }
-    total
+pub unsafe fn dot_f16<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    // SAFETY: same features; `w` covers the values (the caller's contract).
+    unsafe { dot_half(w, xs, |h| _mm256_cvtph_ps(h), |w, at| f16_at(w, at)) }
 }
 
-/// Σ w·x for a row of bf16.
+/// Σ w·x for a row of bf16: a bf16 is the top half of an f32.
 ///
 /// # Safety
-/// Needs AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 16 <= x.len() {
-        // SAFETY: 2·(i + 16) <= w.len() and i + 16 <= x.len().
-        unsafe {
-            let h0 = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
-            let h1 = _mm_loadu_si128(w.as_ptr().add(2 * i + 16).cast());
-            let f0 = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h0)));
-            let f1 = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h1)));
-            acc0 = _mm256_fmadd_ps(f0, load8(x, i), acc0);
-            acc1 = _mm256_fmadd_ps(f1, load8(x, i + 8), acc1);
-        }
-        i += 16;
-    }
-    let mut total = hsum(_mm256_add_ps(acc0, acc1));
-    for j in i..x.len() {
-        let bits = u16::from_le_bytes([w[2 * j], w[2 * j + 1]]);
-        total += half::bf16::from_bits(bits).to_f32() * x[j];
-    }
-    total
-}
-
-/// Q8_0 row: blocks of (f16 d, 32 × i8).
-///
-/// # Safety
-/// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 34`.
+/// Needs AVX2, FMA and F16C.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q8_0(w: &[u8], x: &[f32]) -> f32 {
-    let mut totals = [_mm256_setzero_ps(); 2];
-    for (b, block) in w.chunks_exact(34).enumerate() {
-        let xb = b * 32;
-        // SAFETY: bytes 2..34 are inside the block; xb + 32 <= x.len().
-        let acc = unsafe {
-            let q = [0, 1, 2, 3].map(|k| {
-                let bytes = _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
-            });
-            let even = _mm256_fmadd_ps(q[2], load8(x, xb + 16), _mm256_mul_ps(q[0], load8(x, xb)));
-            let odd = _mm256_fmadd_ps(
-                q[3],
-                load8(x, xb + 24),
-                _mm256_mul_ps(q[1], load8(x, xb + 8)),
-            );
-            _mm256_add_ps(even, odd)
-        };
-        // Alternate accumulators so consecutive blocks do not wait on each other.
-        totals[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(block, 0)), acc, totals[b & 1]);
+pub unsafe fn dot_bf16<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    // SAFETY: same features; `w` covers the values (the caller's contract).
+    unsafe {
+        dot_half(
+            w,
+            xs,
+            |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))),
+            |w, at| half::bf16::from_bits(u16::from_le_bytes([w[at], w[at + 1]])).to_f32(),
+        )
     }
-    hsum(_mm256_add_ps(totals[0], totals[1]))
 }
 
-/// Unpacks 16 bytes of nibbles: low nibbles are elements 0..16, high nibbles 16..32.
-/// Returns the products with `x[xb..xb + 32]` summed into one vector.
+/// Σ q·x over one 32-value block: `q` the block's 32 integer values as 4 × 8 floats,
+/// `x[xb..xb + 32]` the activations. Two short chains instead of one of four FMAs: the
+/// block's latency halves.
 ///
 /// # Safety
 /// Needs AVX2 and FMA; `xb + 32 <= x.len()`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn nibble_dot(qs: __m128i, offset: __m128i, x: &[f32], xb: usize) -> __m256 {
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_sub_epi8(_mm_and_si128(qs, mask), offset);
-    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), offset);
-    let q = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)]
-        .map(|part| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)));
-    // Two short chains instead of one of four FMAs: the block's latency halves.
+unsafe fn block_dot(q: &[__m256; 4], x: &[f32], xb: usize) -> __m256 {
     // SAFETY: the caller guarantees xb + 32 <= x.len().
     unsafe {
         let even = _mm256_fmadd_ps(q[2], load8(x, xb + 16), _mm256_mul_ps(q[0], load8(x, xb)));
@@ -176,43 +183,173 @@ unsafe fn nibble_dot(qs: __m128i, offset: __m128i, x: &[f32], xb: usize) -> __m2
     }
 }
 
+/// Unpacks 16 bytes of nibbles minus `offset`: low nibbles are values 0..16, high nibbles
+/// 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn unpack_nibbles(qs: __m128i, offset: __m128i) -> [__m256; 4] {
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_sub_epi8(_mm_and_si128(qs, mask), offset);
+    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), offset);
+    [
+        widen_i8(lo),
+        widen_i8(_mm_srli_si128::<8>(lo)),
+        widen_i8(hi),
+        widen_i8(_mm_srli_si128::<8>(hi)),
+    ]
+}
+
+/// The low 8 bytes of `part` as signed integers, converted to 8 floats.
+///
+/// Kernels call small `#[target_feature]` functions like this one rather than closures
+/// through `array::map` or `array::from_fn`: those have no target features, so such a
+/// closure is never inlined and every block would cost a call.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn widen_i8(part: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part))
+}
+
+/// Adds `d · Σ q·x` of block `b` into each vector's total in `totals`.
+///
+/// # Safety
+/// Needs AVX2 and FMA; `b·32 + 32 <= x.len()` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_block<const T: usize>(
+    totals: &mut [__m256; T],
+    q: &[__m256; 4],
+    d: __m256,
+    xs: &[&[f32]; T],
+    b: usize,
+) {
+    for (total, x) in totals.iter_mut().zip(xs) {
+        // SAFETY: the caller guarantees b·32 + 32 <= x.len().
+        let acc = unsafe { block_dot(q, x, b * 32) };
+        *total = _mm256_fmadd_ps(d, acc, *total);
+    }
+}
+
+/// Each vector's `hsum(even + odd)` of its two block accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn finish<const T: usize>(totals: [[__m256; T]; 2]) -> [f32; T] {
+    let mut out = [0.0; T];
+    for (t, total) in out.iter_mut().enumerate() {
+        *total = hsum(_mm256_add_ps(totals[0][t], totals[1][t]));
+    }
+    out
+}
+
+/// Runs `block(bytes, b, parity)` over the `BYTES`-byte blocks of `w` in order, where
+/// `parity` is `b & 1`. Blocks alternate between two sets of accumulators so that
+/// consecutive blocks do not wait on each other; taking the blocks two at a time makes the
+/// choice static, so the accumulators stay in registers.
+#[inline(always)]
+fn for_each_block_pair<const BYTES: usize>(
+    w: &[u8],
+    mut block: impl FnMut(&[u8; BYTES], usize, usize),
+) {
+    let (blocks, _) = w.as_chunks::<BYTES>();
+    let mut pairs = blocks.chunks_exact(2);
+    let mut b = 0;
+    for pair in &mut pairs {
+        block(&pair[0], b, 0);
+        block(&pair[1], b + 1, 1);
+        b += 2;
+    }
+    if let [last] = pairs.remainder() {
+        block(last, b, 0);
+    }
+}
+
+/// Q8_0 row: blocks of (f16 d, 32 × i8).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 34` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<34>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 2..34 are inside the block.
+            let q = unsafe {
+                let at = |k: usize| _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
+                [
+                    widen_i8(at(0)),
+                    widen_i8(at(1)),
+                    widen_i8(at(2)),
+                    widen_i8(at(3)),
+                ]
+            };
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
+}
+
 /// Q4_0 row: blocks of (f16 d, 16 bytes of nibbles); value = d·(q − 8).
 ///
 /// # Safety
-/// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 18`.
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 18` for every `x`.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
+pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let eight = _mm_set1_epi8(8);
-    let mut totals = [_mm256_setzero_ps(); 2];
-    for (b, block) in w.chunks_exact(18).enumerate() {
-        // SAFETY: bytes 2..18 are inside the block; b·32 + 32 <= x.len().
-        let acc = unsafe {
-            let qs = _mm_loadu_si128(block.as_ptr().add(2).cast());
-            nibble_dot(qs, eight, x, b * 32)
-        };
-        totals[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(block, 0)), acc, totals[b & 1]);
-    }
-    hsum(_mm256_add_ps(totals[0], totals[1]))
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<18>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 2..18 are inside the block.
+            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
+            let q = unpack_nibbles(qs, eight);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
 }
 
 /// Q4_1 row: blocks of (f16 d, f16 m, 16 bytes of nibbles); value = d·q + m.
-/// `block_sums[b]` is Σ x over block `b`, so the min term costs one multiply per block.
+/// `sums[t][b]` is Σ x over block `b` of vector `t`, so the min term costs one multiply per
+/// block.
 ///
 /// # Safety
-/// Needs AVX2 and FMA; `w.len() == x.len() / 32 * 20`, `block_sums.len() == x.len() / 32`.
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 20` and `sums[t].len() == x.len() / 32`
+/// for every `x`.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_1(w: &[u8], x: &[f32], block_sums: &[f32]) -> f32 {
+pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
     let zero = _mm_setzero_si128();
-    let mut totals = [_mm256_setzero_ps(); 2];
-    let mut mins = [0.0f32; 2];
-    for ((b, block), sum) in w.chunks_exact(20).enumerate().zip(block_sums) {
-        // SAFETY: bytes 4..20 are inside the block; b·32 + 32 <= x.len().
-        let acc = unsafe {
-            let qs = _mm_loadu_si128(block.as_ptr().add(4).cast());
-            nibble_dot(qs, zero, x, b * 32)
-        };
-        totals[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(block, 0)), acc, totals[b & 1]);
-        mins[b & 1] += f16_at(block, 2) * sum;
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<20>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            // SAFETY: bytes 4..20 are inside the block.
+            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
+            let q = unpack_nibbles(qs, zero);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    // The min terms in a pass of their own: the same operations in the same order as in the
+    // block loop, without holding on to registers and bounds checks there.
+    let mut out = finish(totals);
+    for (total, sums) in out.iter_mut().zip(sums) {
+        let mut mins = [0.0f32; 2];
+        for (b, (block, sum)) in w.chunks_exact(20).zip(sums).enumerate() {
+            mins[b & 1] += f16_at(block, 2) * sum;
+        }
+        *total = *total + mins[0] + mins[1];
     }
-    hsum(_mm256_add_ps(totals[0], totals[1])) + mins[0] + mins[1]
+    out
 }

@@ -1,69 +1,223 @@
-//! Dot products of one stored weight row with an activation vector, dispatched on the
-//! weight's [`DType`] and the CPU's [`Features`].
+//! Dot products of one stored weight row with one or more activation vectors, dispatched on
+//! the weight's [`DType`] and the CPU's [`Features`].
+//!
+//! [`BatchDot`] holds `n` vectors and dots a row with a run of them at once: each weight
+//! block is unpacked once per group of up to [`BatchDot::group`] vectors. A vector's result
+//! is the same bits whatever the group, the run or the other vectors (see `avx2.rs`); the
+//! scalar path is [`quant::dot_rows`], which has the same property.
 
 use super::Features;
 use crate::{DType, KernelError, quant};
 
-/// An activation vector prepared for many row dot products: it carries the per-32-block
-/// sums that the Q4_1 min term needs, computed once instead of once per row.
+/// Activation vectors prepared for many row dot products: `n` vectors of `cols` values laid
+/// out one after another, plus the per-32-block sums that the Q4_1 min term needs, computed
+/// once instead of once per row.
+#[derive(Debug)]
+pub struct BatchDot<'a> {
+    dtype: DType,
+    cols: usize,
+    xs: &'a [f32],
+    /// `cols / 32` sums per vector (Q4_1 only).
+    block_sums: Vec<f32>,
+    features: Features,
+}
+
+impl<'a> BatchDot<'a> {
+    /// Prepares the `xs.len() / cols` vectors of `xs` for rows of `cols` values of `dtype`.
+    pub fn new(xs: &'a [f32], cols: usize, dtype: DType) -> Result<BatchDot<'a>, KernelError> {
+        dtype.row_bytes(cols)?;
+        if cols == 0 || !xs.len().is_multiple_of(cols) {
+            return Err(KernelError::Length {
+                what: "activation vectors (a multiple of the row's columns)",
+                expected: cols,
+                actual: xs.len(),
+            });
+        }
+        let block_sums = if dtype == DType::Q4_1 {
+            xs.chunks(32).map(|c| c.iter().sum()).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(BatchDot {
+            dtype,
+            cols,
+            xs,
+            block_sums,
+            features: Features::get(),
+        })
+    }
+
+    /// The number of vectors.
+    pub fn len(&self) -> usize {
+        self.xs.len() / self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.xs.is_empty()
+    }
+
+    /// How many vectors one kernel call takes: runs of this many share each unpacked weight
+    /// block. Chosen so that the accumulators of the whole group fit in the 16 AVX registers.
+    pub fn group(&self) -> usize {
+        match self.dtype {
+            DType::F32 => 3,
+            _ => 4,
+        }
+    }
+
+    /// Dots each of the whole rows in `rows` (`cols` values of the prepared type each) with
+    /// vectors `first..first + count`: `out[i·n + j] = row_i · x_j` for those `j`, where `n`
+    /// is [`BatchDot::len`]; `out` holds `n` values per row, and the others stay untouched.
+    pub fn dot_rows(
+        &self,
+        rows: &[u8],
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let row_bytes = self.dtype.row_bytes(self.cols)?;
+        if row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
+            return Err(KernelError::ByteLength {
+                what: "weight rows (a multiple of the row size)",
+                expected: row_bytes,
+                actual: rows.len(),
+            });
+        }
+        let n = self.len();
+        if out.len() != rows.len() / row_bytes * n {
+            return Err(KernelError::Length {
+                what: "row dot outputs (rows × vectors)",
+                expected: rows.len() / row_bytes * n,
+                actual: out.len(),
+            });
+        }
+        if first + count > n {
+            return Err(KernelError::Length {
+                what: "vectors to dot (first + count)",
+                expected: n,
+                actual: first + count,
+            });
+        }
+        let run = RowRun {
+            rows,
+            row_bytes,
+            first,
+            count,
+        };
+        match self.group() {
+            3 => self.dot_run::<3>(run, out),
+            _ => self.dot_run::<4>(run, out),
+        }
+    }
+
+    /// The `count` vectors from `first` on, as `T` slices of `cols` values.
+    fn xs<const T: usize>(&self, first: usize) -> [&'a [f32]; T] {
+        let cols = self.cols;
+        std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols])
+    }
+
+    /// The Q4_1 block sums of `T` vectors from `first` on (empty slices for other types).
+    fn sums<const T: usize>(&self, first: usize) -> [&[f32]; T] {
+        let blocks = self.cols / 32;
+        if self.block_sums.is_empty() {
+            return [&[]; T];
+        }
+        std::array::from_fn(|j| &self.block_sums[(first + j) * blocks..][..blocks])
+    }
+
+    /// Each row with the run's vectors in groups of `T`, then one at a time: a vector's bits
+    /// depend on neither. Dispatches on the path and type once per run, not once per row.
+    fn dot_run<const T: usize>(&self, run: RowRun<'_>, out: &mut [f32]) -> Result<(), KernelError> {
+        let n = self.len();
+        // `$call` computes the dot products of `$row` with the vectors `$xs` (and their block
+        // sums `$sums`), as many as its destination holds: groups of T, then single vectors.
+        // Groups run outside rows so that a group's slices are made once per run.
+        macro_rules! each_row {
+            ($row:ident, $xs:ident, $sums:ident, $call:expr) => {{
+                let groups_end = run.first + run.count / T * T;
+                for first in (run.first..groups_end).step_by(T) {
+                    let ($xs, $sums) = (self.xs::<T>(first), self.sums::<T>(first));
+                    let rows = run.rows.chunks_exact(run.row_bytes);
+                    for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
+                        if let Some(ys) = out[first..].first_chunk_mut::<T>() {
+                            *ys = $call;
+                        }
+                    }
+                }
+                for first in groups_end..run.first + run.count {
+                    let ($xs, $sums) = (self.xs::<1>(first), self.sums::<1>(first));
+                    let rows = run.rows.chunks_exact(run.row_bytes);
+                    for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
+                        [out[first]] = $call;
+                    }
+                }
+            }};
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.features.avx2 {
+            use super::avx2;
+            // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_rows` checked
+            // that every row holds exactly the bytes of `cols` values of `dtype`, and every
+            // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1.
+            unsafe {
+                match self.dtype {
+                    DType::F32 => each_row!(row, xs, _s, avx2::dot_f32(&bytemuck_f32(row), xs)),
+                    DType::F16 => each_row!(row, xs, _s, avx2::dot_f16(row, xs)),
+                    DType::BF16 => each_row!(row, xs, _s, avx2::dot_bf16(row, xs)),
+                    DType::Q8_0 => each_row!(row, xs, _s, avx2::dot_q8_0(row, xs)),
+                    DType::Q4_0 => each_row!(row, xs, _s, avx2::dot_q4_0(row, xs)),
+                    DType::Q4_1 => each_row!(row, xs, sums, avx2::dot_q4_1(row, xs, sums)),
+                    DType::Q4K | DType::Q6K => each_row!(
+                        row,
+                        xs,
+                        _s,
+                        dequantize_dot(self.dtype, row, xs, |a, b| avx2::dot_f32(a, b))
+                    ),
+                }
+            }
+            return Ok(());
+        }
+        each_row!(row, xs, _s, quant::dot_rows(self.dtype, row, xs)?);
+        Ok(())
+    }
+}
+
+/// The rows and the run of vectors of one [`BatchDot::dot_rows`] call, checked.
+#[derive(Clone, Copy)]
+struct RowRun<'r> {
+    rows: &'r [u8],
+    row_bytes: usize,
+    first: usize,
+    count: usize,
+}
+
+/// An activation vector prepared for many row dot products: a [`BatchDot`] of one vector.
 #[derive(Debug)]
 pub struct RowDot<'a> {
     x: &'a [f32],
-    block_sums: Vec<f32>,
-    features: Features,
+    batch: Option<BatchDot<'a>>,
 }
 
 impl<'a> RowDot<'a> {
     /// Prepares `x` for rows of type `dtype`.
     pub fn new(x: &'a [f32], dtype: DType) -> RowDot<'a> {
-        let block_sums = if dtype == DType::Q4_1 {
-            x.chunks(32).map(|c| c.iter().sum()).collect()
-        } else {
-            Vec::new()
-        };
         RowDot {
             x,
-            block_sums,
-            features: Features::get(),
+            batch: BatchDot::new(x, x.len(), dtype).ok(),
         }
     }
 
     /// Σ row·x where `row` holds one row of `dtype` values, `x.len()` of them.
     pub fn dot(&self, dtype: DType, row: &[u8]) -> Result<f32, KernelError> {
-        let expected = dtype.row_bytes(self.x.len())?;
-        if row.len() != expected {
-            return Err(KernelError::ByteLength {
-                what: "weight row",
-                expected,
-                actual: row.len(),
-            });
+        let mut out = [0.0];
+        match &self.batch {
+            Some(batch) if batch.dtype == dtype => batch.dot_rows(row, 0, 1, &mut out)?,
+            // An empty `x` is no batch: the scalar product (0, or a length error).
+            _ if self.x.is_empty() => return quant::dot_rows(dtype, row, [self.x]).map(|[v]| v),
+            // Prepared for another type: prepare again (which reports a partial block).
+            _ => BatchDot::new(self.x, self.x.len(), dtype)?.dot_rows(row, 0, 1, &mut out)?,
         }
-        #[cfg(target_arch = "x86_64")]
-        if self.features.avx2 {
-            return Ok(self.dot_avx2(dtype, row));
-        }
-        quant::dot_row(dtype, row, self.x)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(&self, dtype: DType, row: &[u8]) -> f32 {
-        use super::avx2;
-        let x = self.x;
-        // SAFETY: `features.avx2` says AVX2, FMA and F16C are present, and `dot` checked
-        // that `row` holds exactly the bytes of `x.len()` values of `dtype`.
-        unsafe {
-            match dtype {
-                DType::F32 => avx2::dot_f32(bytemuck_f32(row).as_ref(), x),
-                DType::F16 => avx2::dot_f16(row, x),
-                DType::BF16 => avx2::dot_bf16(row, x),
-                DType::Q8_0 => avx2::dot_q8_0(row, x),
-                DType::Q4_0 => avx2::dot_q4_0(row, x),
-                DType::Q4_1 => avx2::dot_q4_1(row, x, &self.block_sums),
-                DType::Q4K | DType::Q6K => {
-                    dequantize_dot(dtype, row, x, |a, b| avx2::dot_f32(a, b))
-                }
-            }
-        }
+        Ok(out[0])
     }
 }
 
@@ -72,23 +226,32 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if Features::get().avx2 {
         // SAFETY: AVX2 and FMA are present.
-        return unsafe { super::avx2::dot_f32(a, b) };
+        return unsafe { super::avx2::dot_f32(a, [b])[0] };
     }
     a.iter().zip(b).map(|(a, b)| a * b).sum()
 }
 
-/// Dequantizes one block at a time into a stack buffer and dots it with `dot`.
-fn dequantize_dot(dtype: DType, row: &[u8], x: &[f32], dot: impl Fn(&[f32], &[f32]) -> f32) -> f32 {
+/// Dequantizes one block at a time into a stack buffer, once for all `T` vectors, and dots it
+/// with each vector's block with `dot`; each vector's per-block sums add up in block order.
+fn dequantize_dot<const T: usize>(
+    dtype: DType,
+    row: &[u8],
+    xs: [&[f32]; T],
+    dot: impl Fn(&[f32], [&[f32]; T]) -> [f32; T],
+) -> [f32; T] {
     let n = dtype.block_elems();
     let mut buf = [0.0f32; 256];
-    let mut total = 0.0;
-    for (block, xs) in row.chunks_exact(dtype.block_bytes()).zip(x.chunks_exact(n)) {
-        // Lengths match by construction (checked by `RowDot::dot`), so this cannot fail.
+    let mut totals = [0.0f32; T];
+    for (b, block) in row.chunks_exact(dtype.block_bytes()).enumerate() {
+        // Lengths match by construction (checked by `BatchDot::dot_rows`), so this cannot fail.
         if quant::dequantize_row(dtype, block, &mut buf[..n]).is_ok() {
-            total += dot(&buf[..n], xs);
+            let sums = dot(&buf[..n], xs.map(|x| &x[b * n..(b + 1) * n]));
+            for (total, sum) in totals.iter_mut().zip(sums) {
+                *total += sum;
+            }
         }
     }
-    total
+    totals
 }
 
 /// Views little-endian f32 bytes as floats, copying only when the bytes are misaligned.

@@ -1,5 +1,6 @@
-//! CPU kernels: run-time feature detection and the SIMD row-dot products that every
-//! matrix kernel is built from.
+//! CPU kernels: run-time feature detection and the SIMD row-dot products that every matrix
+//! kernel is built from: one row with one vector ([`RowDot`]) or with several at once
+//! ([`BatchDot`], bit for bit the same per vector).
 //!
 //! [`Features::get`] is read once per process. Each SIMD path has the scalar reference in
 //! [`crate::quant::dot_row`] as its twin; tests compare the two on random data.
@@ -8,7 +9,7 @@
 mod avx2;
 mod dot;
 
-pub use dot::{RowDot, dot_f32};
+pub use dot::{BatchDot, RowDot, dot_f32};
 
 use std::sync::OnceLock;
 

@@ -6,7 +6,8 @@
 //! float types F32, F16 and BF16 seen as one-value blocks.
 //!
 //! - [`dequantize_row`]: one stored row to f32.
-//! - [`dot_row`]: one stored row · an f32 vector, block by block. This is the plain scalar
+//! - [`dot_row`]: one stored row · an f32 vector, block by block ([`dot_rows`]: · several
+//!   vectors, each block dequantized once for all). This is the plain scalar
 //!   reference that the SIMD kernels are tested against: it accumulates in f64, so its own
 //!   rounding error is far below any f32 kernel's.
 //! - Per-format block functions and layout constants, public so SIMD kernels reuse them:
@@ -50,18 +51,30 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), K
 /// Dequantizes one block at a time into a stack buffer and accumulates the products in f64
 /// in index order; the result is rounded to f32 once at the end.
 pub fn dot_row(dtype: DType, src: &[u8], x: &[f32]) -> Result<f32, KernelError> {
-    check_row_bytes(dtype, src.len(), x.len(), "dot_row source")?;
-    let sum = match dtype {
-        DType::F32 => dot_blocks(src, x, float::dequantize_block_f32),
-        DType::F16 => dot_blocks(src, x, float::dequantize_block_f16),
-        DType::BF16 => dot_blocks(src, x, float::dequantize_block_bf16),
-        DType::Q8_0 => dot_blocks(src, x, dequantize_block_q8_0),
-        DType::Q4_0 => dot_blocks(src, x, dequantize_block_q4_0),
-        DType::Q4_1 => dot_blocks(src, x, dequantize_block_q4_1),
-        DType::Q4K => dot_blocks(src, x, dequantize_block_q4_k),
-        DType::Q6K => dot_blocks(src, x, dequantize_block_q6_k),
+    dot_rows(dtype, src, [x]).map(|[v]| v)
+}
+
+/// [`dot_row`] of one stored row with each of `T` vectors, dequantizing each block once for
+/// all of them. Each result is the same bits as `dot_row` of that vector alone.
+pub fn dot_rows<const T: usize>(
+    dtype: DType,
+    src: &[u8],
+    xs: [&[f32]; T],
+) -> Result<[f32; T], KernelError> {
+    for x in xs {
+        check_row_bytes(dtype, src.len(), x.len(), "dot_row source")?;
+    }
+    let sums = match dtype {
+        DType::F32 => dot_blocks(src, xs, float::dequantize_block_f32),
+        DType::F16 => dot_blocks(src, xs, float::dequantize_block_f16),
+        DType::BF16 => dot_blocks(src, xs, float::dequantize_block_bf16),
+        DType::Q8_0 => dot_blocks(src, xs, dequantize_block_q8_0),
+        DType::Q4_0 => dot_blocks(src, xs, dequantize_block_q4_0),
+        DType::Q4_1 => dot_blocks(src, xs, dequantize_block_q4_1),
+        DType::Q4K => dot_blocks(src, xs, dequantize_block_q4_k),
+        DType::Q6K => dot_blocks(src, xs, dequantize_block_q6_k),
     };
-    Ok(sum as f32)
+    Ok(sums.map(|sum| sum as f32))
 }
 
 /// Checks that `actual_bytes` is the size of a row of `cols` values of `dtype`.
@@ -95,23 +108,25 @@ fn dequantize_blocks<const B: usize, const E: usize>(
     }
 }
 
-/// Dequantizes block by block and accumulates `w·x` in f64.
-fn dot_blocks<const B: usize, const E: usize>(
+/// Dequantizes block by block and accumulates `w·x` in f64, in index order, for each `x`.
+fn dot_blocks<const B: usize, const E: usize, const T: usize>(
     src: &[u8],
-    x: &[f32],
+    xs: [&[f32]; T],
     block: impl Fn(&[u8; B], &mut [f32; E]),
-) -> f64 {
+) -> [f64; T] {
     let (blocks, _) = src.as_chunks::<B>();
-    let (xs, _) = x.as_chunks::<E>();
+    let xs = xs.map(|x| x.as_chunks::<E>().0);
     let mut w = [0.0f32; E];
-    let mut sum = 0.0f64;
-    for (b, xb) in blocks.iter().zip(xs) {
+    let mut sums = [0.0f64; T];
+    for (i, b) in blocks.iter().enumerate() {
         block(b, &mut w);
-        for (wi, xi) in w.iter().zip(xb) {
-            sum += f64::from(*wi) * f64::from(*xi);
+        for (sum, x) in sums.iter_mut().zip(&xs) {
+            for (wi, xi) in w.iter().zip(&x[i]) {
+                *sum += f64::from(*wi) * f64::from(*xi);
+            }
         }
     }
-    sum
+    sums
 }
 
 #[cfg(test)]

@@ -1,0 +1,114 @@
+//! Test data shared by the integration tests: random weight rows and the batch-invariance
+//! check that runs once per code path (AVX2 and scalar are separate test binaries, because
+//! the path is chosen once per process).
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera_kernels::DType;
+use tessera_kernels::matmul::{MatRef, matmul, matmul_reference};
+use tessera_kernels::quant::dequantize_row;
+
+/// Random stored rows of `dtype` with finite, moderate scales.
+pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let row_bytes = dtype.row_bytes(cols).unwrap();
+    let mut data = vec![0u8; rows * row_bytes];
+    rng.fill(&mut data[..]);
+    match dtype {
+        DType::F32 => {
+            for c in data.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            for c in data.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16(rng.random_range(-1.0..1.0)));
+            }
+        }
+        DType::BF16 => {
+            for c in data.chunks_exact_mut(2) {
+                let v = half::bf16::from_f32(rng.random_range(-1.0..1.0));
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        _ => {
+            // Scale fields: d (and the min) at the block start; Q6_K keeps d at its end.
+            for block in data.chunks_exact_mut(dtype.block_bytes()) {
+                let d = f16(rng.random_range(0.001..0.05));
+                let m = f16(rng.random_range(-0.05..0.05));
+                match dtype {
+                    DType::Q6K => block[208..210].copy_from_slice(&d),
+                    DType::Q4_1 | DType::Q4K => {
+                        block[0..2].copy_from_slice(&d);
+                        block[2..4].copy_from_slice(&m);
+                    }
+                    _ => block[0..2].copy_from_slice(&d),
+                }
+            }
+        }
+    }
+    data
+}
+
+/// `matmul` of random shapes and batches, for every dtype: each vector's result is the same
+/// bits as the n = 1 product of that vector alone (computed on a one-thread pool, so with
+/// another row split too), and within 1e-5 of Σ|w·x| of the f64 reference.
+pub fn check_batch_invariance(seed: u64, cases_per_dtype: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for dtype in DType::ALL {
+        for case in 0..cases_per_dtype {
+            let block = dtype.block_elems();
+            // Float types get any column count (SIMD tails); block types whole blocks.
+            let cols = block * rng.random_range(1..=(640 / block).max(2));
+            let rows = rng.random_range(1..=70);
+            let n = if case == 0 {
+                40
+            } else {
+                rng.random_range(1..=40)
+            };
+            let data = random_rows(&mut rng, dtype, rows, cols);
+            let w = MatRef::new(dtype, rows, cols, &data).unwrap();
+            let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut batched = vec![f32::NAN; n * rows];
+            matmul(&w, &xs, &mut batched).unwrap();
+            let mut want = vec![0.0; n * rows];
+            matmul_reference(&w, &xs, &mut want).unwrap();
+            let mut deq = vec![0.0; rows * cols];
+            for (r, out) in deq.chunks_exact_mut(cols).enumerate() {
+                dequantize_row(dtype, w.row(r), out).unwrap();
+            }
+            for (t, x) in xs.chunks_exact(cols).enumerate() {
+                let mut alone = vec![f32::NAN; rows];
+                one_thread.install(|| matmul(&w, x, &mut alone)).unwrap();
+                let got = &batched[t * rows..(t + 1) * rows];
+                for r in 0..rows {
+                    let what = format!("{dtype} {rows}x{cols} n {n} vector {t} row {r}");
+                    assert_eq!(
+                        got[r].to_bits(),
+                        alone[r].to_bits(),
+                        "{what}: {} vs {}",
+                        got[r],
+                        alone[r]
+                    );
+                    let scale: f32 = deq[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(x)
+                        .map(|(a, b)| (a * b).abs())
+                        .sum();
+                    let reference = want[t * rows + r];
+                    assert!(
+                        (got[r] - reference).abs() <= 1e-5 * scale.max(1e-3),
+                        "{what}: {} vs reference {reference}",
+                        got[r]
+                    );
+                }
+            }
+        }
+    }
+}
