@@ -236,6 +236,7 @@ fn a_streamed_run_reports_tokens_and_latencies() {
         && b["stream_options"]["include_usage"] == true
         && b["model"] == "fake-model"
         && b["max_tokens"] == 5
+        && b["min_tokens"] == 5
         && b["temperature"] == 0.0));
     assert_eq!(
         bodies[0]["prompt"].as_str().map(|p| p.split(' ').count()),

@@ -86,8 +86,8 @@ pub struct BenchArgs {
     /// Sampling temperature.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
-    /// Send `ignore_eos` (vLLM's and Tessera's extension) so outputs have the asked length;
-    /// `--ignore-eos false` to let the model stop.
+    /// Send `ignore_eos: true` and `min_tokens` = `max_tokens` (server extensions) so
+    /// outputs have the asked length; `--ignore-eos false` to let the model stop.
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
           action = clap::ArgAction::Set)]
     pub ignore_eos: bool,

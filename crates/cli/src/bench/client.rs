@@ -146,7 +146,11 @@ impl Client {
             body["stream_options"] = json!({"include_usage": true});
         }
         if self.ignore_eos {
+            // `ignore_eos` for vLLM, Tessera and llama.cpp's own server; `min_tokens` for
+            // llama-cpp-python's server, which has no `ignore_eos` but holds EOS back until
+            // `min_tokens` (vLLM honours both).
             body["ignore_eos"] = json!(true);
+            body["min_tokens"] = json!(spec.max_tokens);
         }
         if let Value::Object(map) = &mut body {
             map.extend(self.extra_body.clone());
