@@ -3,6 +3,8 @@
 //! - `tessera up`: start the processes of a topology on this host and supervise them.
 //! - `tessera generate`: run a model in this process (prompt, chat or token ids), or ask a
 //!   running server with `--url`.
+//! - `tessera bench`: load a running OpenAI-compatible server (ours or another) and report
+//!   latencies and throughput.
 //! - `tessera topology check`: validate a topology file and print the plan.
 //! - `tessera certs init`: make a cluster's CA and certificates.
 
@@ -10,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod certs_cmd;
 mod generate;
 mod remote;
@@ -31,6 +34,9 @@ enum Command {
     Up(up::UpArgs),
     /// Generate text with a model in this process, or with a running server (--url).
     Generate(generate::GenerateArgs),
+    /// Load an OpenAI-compatible server with requests and report TTFT, inter-token
+    /// latency, end-to-end latency and throughput.
+    Bench(Box<bench::BenchArgs>),
     /// Work with topology files.
     #[command(subcommand)]
     Topology(TopologyCommand),
@@ -63,6 +69,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Up(args) => up::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Topology(TopologyCommand::Check(args)) => topology_cmd::check(args),
         Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
     };

@@ -166,7 +166,7 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `url` without a trailing `/`, with `http://` when it names no scheme.
-fn base_url(url: &str) -> String {
+pub(crate) fn base_url(url: &str) -> String {
     let url = url.trim().trim_end_matches('/');
     if url.contains("://") {
         url.to_owned()
@@ -222,7 +222,7 @@ fn post(agent: &ureq::Agent, url: &str, body: &Value) -> anyhow::Result<Value> {
 }
 
 /// The message of an OpenAI error envelope, or the whole answer.
-fn error_message(answer: &Value) -> String {
+pub(crate) fn error_message(answer: &Value) -> String {
     match answer["error"]["message"].as_str() {
         Some(message) => message.to_owned(),
         None => answer.to_string(),
