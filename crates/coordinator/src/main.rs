@@ -16,9 +16,10 @@ use tessera_coordinator::api::{self, ApiState, ServedModel};
 use tessera_coordinator::cluster::Cluster;
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::{metrics, server};
+use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
 use tessera_topology::{PeerId, Topology};
-use tracing::info;
+use tracing::{info, warn};
 
 /// A Tessera coordinator peer.
 #[derive(Debug, Parser)]
@@ -130,11 +131,22 @@ fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
             }
             eos_token_ids.sort_unstable();
             eos_token_ids.dedup();
+            let chat_template = meta.tokenizer.as_ref().and_then(|t| {
+                ChatTemplate::from_tokenizer(t)
+                    .map_err(|error| {
+                        // Completions still work; chat answers 400 for this model.
+                        warn!(model = %m.name, %error, "chat template does not compile");
+                    })
+                    .ok()
+                    .flatten()
+                    .map(Arc::new)
+            });
             Ok(ServedModel {
                 name: m.name.clone(),
                 context_tokens: meta.config.max_position_embeddings,
                 vocab_size: meta.config.vocab_size,
                 tokenizer: meta.tokenizer.map(Arc::new),
+                chat_template,
                 eos_token_ids,
                 created,
             })

@@ -194,6 +194,24 @@ struct Body<'a> {
     code: Option<&'static str>,
 }
 
+impl ApiError {
+    /// The OpenAI envelope as JSON, for an error event in a stream.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.envelope()).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            error: Body {
+                message: &self.message,
+                error_type: self.kind.error_type(),
+                param: self.param,
+                code: self.code,
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.kind.status();
@@ -210,15 +228,7 @@ impl IntoResponse for ApiError {
                 "request rejected"
             );
         }
-        let body = Envelope {
-            error: Body {
-                message: &self.message,
-                error_type,
-                param: self.param,
-                code: self.code,
-            },
-        };
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, Json(self.envelope())).into_response();
         if self.kind == ApiErrorKind::CapacityExhausted {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
