@@ -12,13 +12,16 @@
 //! - `POST /v1/completions` ([`completions`]) and `POST /v1/chat/completions` ([`chat`]):
 //!   both read the shared parameters of [`params`] and answer through [`respond`], as one
 //!   body or as server-sent events ([`stream`]); text comes from [`detok`].
+//! - `GET /v1/cluster` and the status page at `/` ([`status`]).
 //!
-//! Every error, including malformed JSON, a body over
+//! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
+//! configured ([`auth`]). Every error, including malformed JSON, a body over
 //! [`MAX_BODY_BYTES`], an unknown route or method, is answered in the OpenAI envelope by
 //! [`ApiError`]. Each request runs in a `tracing` span with its method, route, model and
 //! response id; request text is never logged. A client that disconnects drops its handler
 //! (or its event stream), and with it every token stream: the sequences are cancelled.
 
+mod auth;
 mod chat;
 mod completions;
 mod detok;
@@ -26,6 +29,7 @@ mod error;
 mod ids;
 mod params;
 mod respond;
+mod status;
 mod stream;
 mod types;
 
@@ -50,6 +54,7 @@ use tracing::{Instrument, debug, field, info_span};
 use crate::engine::Engine;
 use types::{ModelCard, ModelList};
 
+pub use auth::{ApiKeys, ExposureError, check_exposure};
 pub use error::{ApiError, ApiErrorKind};
 pub use params::{MAX_CHOICES, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS};
 
@@ -82,12 +87,15 @@ pub struct ApiState {
     /// Looked up by name; the first of two with the same name wins.
     pub models: Vec<ServedModel>,
     pub engine: Arc<dyn Engine>,
+    /// Bearer keys; empty: no key needed.
+    pub api_keys: ApiKeys,
 }
 
 impl fmt::Debug for ApiState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiState")
             .field("models", &self.models)
+            .field("api_keys", &self.api_keys)
             .finish_non_exhaustive()
     }
 }
@@ -104,16 +112,20 @@ impl ApiState {
 
 /// The API's routes over `state`.
 pub fn router(state: ApiState) -> Router {
+    let keys = state.api_keys.clone();
     Router::new()
+        .route("/", get(status::page))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(retrieve_model))
         .route("/v1/completions", post(completions::create_completion))
         .route("/v1/chat/completions", post(chat::create_chat_completion))
+        .route("/v1/cluster", get(status::cluster))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(keys, auth::require_key))
         .layer(middleware::from_fn(trace_request))
         .with_state(Arc::new(state))
 }

@@ -16,7 +16,7 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tessera_comm::proto::{FinishReason, WireError};
-use tessera_coordinator::api::{self, ApiState, ServedModel};
+use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
 use tessera_coordinator::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ShardStatus, TokenEvent,
     TokenLogprobs, TokenStream,
@@ -238,9 +238,14 @@ pub fn models() -> Vec<ServedModel> {
 }
 
 pub fn app(engine: Arc<MockEngine>) -> Router {
+    app_with_keys(engine, ApiKeys::default())
+}
+
+pub fn app_with_keys(engine: Arc<MockEngine>, api_keys: ApiKeys) -> Router {
     api::router(ApiState {
         models: models(),
         engine,
+        api_keys,
     })
 }
 
