@@ -12,13 +12,14 @@ use anyhow::{Context, anyhow};
 use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
-use tessera_coordinator::api::{self, ApiState, ServedModel};
+use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
 use tessera_coordinator::cluster::Cluster;
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::{metrics, server};
+use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
 use tessera_topology::{PeerId, Topology};
-use tracing::info;
+use tracing::{info, warn};
 
 /// A Tessera coordinator peer.
 #[derive(Debug, Parser)]
@@ -36,6 +37,17 @@ struct Args {
     /// Serve the HTTP API here instead of the topology's `http` address.
     #[arg(long, env = "TESSERA_HTTP")]
     http: Option<SocketAddr>,
+    /// An API key clients must send as `Authorization: Bearer <key>`; repeat for several.
+    /// `TESSERA_API_KEYS` takes a comma-separated list. Required unless the HTTP API
+    /// listens on a loopback address only.
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "TESSERA_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +76,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let api_keys = ApiKeys::new(args.api_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
     let me = topology
@@ -72,6 +85,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .find(|c| c.id == PeerId(args.peer))
         .ok_or_else(|| anyhow!("coordinator peer {} is not in the topology", args.peer))?
         .clone();
+    // Before anything starts: an API open to other hosts needs a key.
+    let http_addr = match args.http {
+        Some(addr) => addr,
+        None => resolve(&me.http.to_string()).await?,
+    };
+    api::check_exposure(http_addr, &api_keys)?;
     let credentials = Credentials::load(&args.certs, &Identity::Coordinator(me.id))?;
     let models = served_models(&topology)?;
 
@@ -85,10 +104,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cluster.clone(),
     ));
 
-    let http_addr = match args.http {
-        Some(addr) => addr,
-        None => resolve(&me.http.to_string()).await?,
-    };
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {http_addr}"))?;
@@ -96,6 +111,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut app = api::router(ApiState {
         models,
         engine: Arc::new(cluster),
+        api_keys,
     });
     if let Some(handle) = metrics_handle {
         app = app.route(
@@ -130,11 +146,22 @@ fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
             }
             eos_token_ids.sort_unstable();
             eos_token_ids.dedup();
+            let chat_template = meta.tokenizer.as_ref().and_then(|t| {
+                ChatTemplate::from_tokenizer(t)
+                    .map_err(|error| {
+                        // Completions still work; chat answers 400 for this model.
+                        warn!(model = %m.name, %error, "chat template does not compile");
+                    })
+                    .ok()
+                    .flatten()
+                    .map(Arc::new)
+            });
             Ok(ServedModel {
                 name: m.name.clone(),
                 context_tokens: meta.config.max_position_embeddings,
                 vocab_size: meta.config.vocab_size,
                 tokenizer: meta.tokenizer.map(Arc::new),
+                chat_template,
                 eos_token_ids,
                 created,
             })

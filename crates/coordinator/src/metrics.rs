@@ -1,5 +1,6 @@
 //! The coordinator's Prometheus metrics: names (constants, `tessera_<area>_<name>_<unit>`),
-//! and the recorder that `GET /metrics` renders. Labels are group and rank names only.
+//! and the recorder that `GET /metrics` renders. Labels are group and rank names, routes and
+//! status codes only.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -33,6 +34,20 @@ pub const KV_BLOCKS_FREE: &str = "tessera_kv_blocks_free";
 pub const PREFIX_CACHE_HIT_TOKENS: &str = "tessera_prefix_cache_hit_tokens_total";
 /// Tokens computed per step (prompt chunks + decodes) (histogram).
 pub const STEP_TOKENS: &str = "tessera_scheduler_step_tokens";
+
+/// From accepting a request to its first sampled token, per choice (histogram).
+pub const API_TIME_TO_FIRST_TOKEN_SECONDS: &str = "tessera_api_time_to_first_token_seconds";
+/// Between two tokens of one choice (histogram).
+pub const API_INTER_TOKEN_LATENCY_SECONDS: &str = "tessera_api_inter_token_latency_seconds";
+/// From accepting a request to its last token, for requests that ran to their end
+/// (histogram).
+pub const API_REQUEST_DURATION_SECONDS: &str = "tessera_api_request_duration_seconds";
+/// Prompt tokens of requests that ran to their end (counter).
+pub const API_PROMPT_TOKENS: &str = "tessera_api_prompt_tokens_total";
+/// Tokens generated for requests that ran to their end, every choice (counter).
+pub const API_GENERATED_TOKENS: &str = "tessera_api_generated_tokens_total";
+/// HTTP requests by route (the matched pattern) and status code (counter).
+pub const API_REQUESTS: &str = "tessera_api_requests_total";
 
 /// Installs the process-wide recorder; `None` if one is already installed (a second
 /// coordinator in one test process).

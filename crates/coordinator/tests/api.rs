@@ -1,191 +1,17 @@
 //! The HTTP API over a mock engine: routes, validation, the error envelope, and the
 //! requests the engine receives. The router is called in process (`oneshot`), no socket.
+//! Streaming, chat and choices are in `api_generation.rs`; keys, status and disconnects in
+//! `api_server.rs`.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+mod common;
 
-use axum::Router;
-use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
-use http_body_util::BodyExt;
+use std::sync::Arc;
+
+use axum::http::{StatusCode, header};
+use common::*;
 use serde_json::{Value, json};
-use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
-use tessera_coordinator::api::{self, ApiState, MAX_BODY_BYTES, ServedModel};
-use tessera_coordinator::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, TokenEvent, TokenStream,
-};
-use tessera_model::tokenizer::Tokenizer;
-
-const TEXT_MODEL: &str = "tiny-spm";
-const IDS_MODEL: &str = "ids-only";
-const IDS_VOCAB: usize = 100;
-const IDS_EOS: u32 = 2;
-const CONTEXT_TOKENS: usize = 64;
-
-/// What the mock answers.
-#[derive(Clone, Debug)]
-enum Reply {
-    /// The first `k` prompt tokens, finishing by length.
-    EchoPrompt(usize),
-    Fail(WireError),
-}
-
-/// Records every request and answers as told.
-#[derive(Debug)]
-struct MockEngine {
-    reply: Reply,
-    ready: bool,
-    requests: Mutex<Vec<GenerateRequest>>,
-}
-
-impl MockEngine {
-    fn new(reply: Reply) -> Arc<MockEngine> {
-        Arc::new(MockEngine {
-            reply,
-            ready: true,
-            requests: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn requests(&self) -> Vec<GenerateRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    fn last(&self) -> GenerateRequest {
-        self.requests().pop().expect("the engine got no request")
-    }
-}
-
-impl Engine for MockEngine {
-    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
-        self.requests.lock().unwrap().push(request.clone());
-        let reply = self.reply.clone();
-        Box::pin(async move {
-            match reply {
-                Reply::EchoPrompt(k) => {
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                    let tokens: Vec<u32> = request.prompt.iter().copied().take(k).collect();
-                    let last = tokens.len().saturating_sub(1);
-                    for (i, token) in tokens.into_iter().enumerate() {
-                        let finish = (i == last).then_some(FinishReason::Length);
-                        let _ = tx.send(Ok(TokenEvent {
-                            token,
-                            logprobs: None,
-                            finish,
-                        }));
-                    }
-                    Ok(rx)
-                }
-                Reply::Fail(error) => Err(error),
-            }
-        })
-    }
-
-    fn admission(&self, _model: &str) -> Result<(), WireError> {
-        Ok(())
-    }
-
-    fn ready(&self, _model: &str) -> bool {
-        self.ready
-    }
-
-    fn status(&self) -> ClusterStatus {
-        ClusterStatus::default()
-    }
-}
-
-fn tokenizer() -> Arc<Tokenizer> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/tokenizers/tiny-spm/tokenizer.json");
-    Arc::new(Tokenizer::from_file(path).expect("the tiny-spm fixture loads"))
-}
-
-fn models() -> Vec<ServedModel> {
-    let tok = tokenizer();
-    vec![
-        ServedModel {
-            name: TEXT_MODEL.to_string(),
-            eos_token_ids: tok.eos_token_ids().to_vec(),
-            vocab_size: tok.vocab_size(),
-            tokenizer: Some(tok),
-            context_tokens: CONTEXT_TOKENS,
-            created: 1_700_000_000,
-        },
-        ServedModel {
-            name: IDS_MODEL.to_string(),
-            tokenizer: None,
-            eos_token_ids: vec![IDS_EOS],
-            context_tokens: CONTEXT_TOKENS,
-            vocab_size: IDS_VOCAB,
-            created: 1_700_000_001,
-        },
-    ]
-}
-
-fn app(engine: Arc<MockEngine>) -> Router {
-    api::router(ApiState {
-        models: models(),
-        engine,
-    })
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Value,
-}
-
-async fn send(app: Router, request: Request<Body>) -> Answer {
-    use tower::ServiceExt;
-    let response = app
-        .oneshot(request)
-        .await
-        .expect("the router is infallible");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-        panic!(
-            "status {status}: body is not JSON ({e}): {:?}",
-            String::from_utf8_lossy(&bytes)
-        )
-    });
-    Answer {
-        status,
-        headers,
-        body,
-    }
-}
-
-async fn get(app: Router, path: &str) -> Answer {
-    send(app, Request::get(path).body(Body::empty()).unwrap()).await
-}
-
-async fn post_raw(app: Router, content_type: Option<&str>, body: impl Into<Body>) -> Answer {
-    let mut builder = Request::post("/v1/completions");
-    if let Some(ct) = content_type {
-        builder = builder.header(header::CONTENT_TYPE, ct);
-    }
-    send(app, builder.body(body.into()).unwrap()).await
-}
-
-async fn complete(app: Router, body: Value) -> Answer {
-    post_raw(app, Some("application/json"), body.to_string()).await
-}
-
-/// Asserts the OpenAI error envelope with this status, type and param.
-#[track_caller]
-fn assert_error(reply: &Answer, status: u16, error_type: &str, param: Option<&str>) -> String {
-    assert_eq!(reply.status.as_u16(), status, "{}", reply.body);
-    let error = &reply.body["error"];
-    assert_eq!(error["type"], error_type, "{}", reply.body);
-    assert_eq!(error["param"].as_str(), param, "{}", reply.body);
-    assert!(error.get("code").is_some(), "{}", reply.body);
-    error["message"]
-        .as_str()
-        .expect("the message is a string")
-        .to_string()
-}
+use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_coordinator::api::MAX_BODY_BYTES;
 
 #[tokio::test]
 async fn health_is_ok() {
@@ -201,9 +27,8 @@ async fn ready_follows_the_engine() {
     assert_eq!(reply.body["status"], "ready");
 
     let engine = Arc::new(MockEngine {
-        reply: Reply::EchoPrompt(1),
         ready: false,
-        requests: Mutex::new(Vec::new()),
+        ..MockEngine::with(Reply::EchoPrompt(1))
     });
     let reply = get(app(engine), "/ready").await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -468,12 +293,6 @@ async fn invalid_requests_are_400_with_param() {
             &["token ids"],
         ),
         (
-            json!({"model": IDS_MODEL, "prompt": [1], "stream": true}),
-            400,
-            Some("stream"),
-            &["streaming is not supported yet"],
-        ),
-        (
             json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": 0}),
             400,
             Some("max_tokens"),
@@ -522,10 +341,88 @@ async fn invalid_requests_are_400_with_param() {
             &[],
         ),
         (
-            json!({"model": IDS_MODEL, "prompt": [1], "n": 2}),
+            json!({"model": IDS_MODEL, "prompt": [1], "n": 17}),
+            400,
+            Some("n"),
+            &["16"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "n": 0}),
             400,
             Some("n"),
             &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "temperature": -0.1}),
+            400,
+            Some("temperature"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "min_p": 1.5}),
+            400,
+            Some("min_p"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "min_p": -0.5}),
+            400,
+            Some("min_p"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "presence_penalty": 2.5}),
+            400,
+            Some("presence_penalty"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "frequency_penalty": -2.1}),
+            400,
+            Some("frequency_penalty"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "repetition_penalty": 2.5}),
+            400,
+            Some("repetition_penalty"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop": ["a", "b", "c", "d", "e"]}),
+            400,
+            Some("stop"),
+            &["at most 4"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop": "x".repeat(257)}),
+            400,
+            Some("stop"),
+            &["256 bytes"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "stop": [1]}),
+            400,
+            Some("stop"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "priority": "high"}),
+            400,
+            Some("priority"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "priority": 1u64 << 40}),
+            400,
+            Some("priority"),
+            &[],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "max_tokens": 65}),
+            400,
+            Some("max_tokens"),
+            &["64 tokens"],
         ),
         (
             json!({"model": IDS_MODEL, "prompt": [1], "ignore_eos": "yes"}),
@@ -546,19 +443,19 @@ async fn invalid_requests_are_400_with_param() {
             &["256"],
         ),
         (
-            json!({"model": IDS_MODEL, "prompt": [1], "stop": ["\n"]}),
-            400,
-            Some("stop"),
-            &["stop_token_ids"],
-        ),
-        (
             json!({"model": IDS_MODEL, "prompt": [1], "echo": true}),
             400,
             Some("echo"),
             &[],
         ),
         (
-            json!({"model": IDS_MODEL, "prompt": [1], "logprobs": 2}),
+            json!({"model": IDS_MODEL, "prompt": [1], "logprobs": 6}),
+            400,
+            Some("logprobs"),
+            &["0 to 5"],
+        ),
+        (
+            json!({"model": IDS_MODEL, "prompt": [1], "logprobs": -1}),
             400,
             Some("logprobs"),
             &[],

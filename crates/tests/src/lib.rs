@@ -241,12 +241,16 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Starts the coordinator with [`TEST_API_KEY`]: a coordinator whose HTTP address is
+    /// not loopback (the multi-host test) refuses to start without a key.
     pub fn start_coordinator(&mut self) -> anyhow::Result<()> {
         let args = vec![
             "--topology".to_string(),
             self.topology.display().to_string(),
             "--certs".into(),
             self.certs.display().to_string(),
+            "--api-key".into(),
+            TEST_API_KEY.into(),
         ];
         self.spawn("coordinator-1", &bin("tessera-coordinator"), &args, &[])
     }
@@ -398,6 +402,10 @@ impl Drop for Cluster {
     }
 }
 
+/// The API key of coordinators the tests start; [`post`] always sends it (a coordinator
+/// without keys ignores it).
+pub const TEST_API_KEY: &str = "tessera-test-key";
+
 /// `POST url` with a JSON body: the status and the JSON answer (errors included).
 pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -407,6 +415,7 @@ pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
         .into();
     let mut response = agent
         .post(url)
+        .header("Authorization", &format!("Bearer {TEST_API_KEY}"))
         .send_json(body)
         .with_context(|| format!("POST {url}"))?;
     let status = response.status().as_u16();

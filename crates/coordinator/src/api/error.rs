@@ -6,6 +6,7 @@
 //! | kind                | status | `type`                      | from                                |
 //! |---------------------|--------|-----------------------------|-------------------------------------|
 //! | `InvalidRequest`    | 400    | `invalid_request_error`     | validation, bad JSON, wrong types   |
+//! | `Unauthorized`      | 401    | `invalid_request_error`     | missing or wrong API key (`code: invalid_api_key`) |
 //! | `NotFound`          | 404    | `invalid_request_error`     | unknown model (`code: model_not_found`) or route |
 //! | `MethodNotAllowed`  | 405    | `invalid_request_error`     | a known route with another method   |
 //! | `PayloadTooLarge`   | 413    | `invalid_request_error`     | body over [`super::MAX_BODY_BYTES`] |
@@ -32,6 +33,7 @@ use tracing::{debug, warn};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApiErrorKind {
     InvalidRequest,
+    Unauthorized,
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
@@ -46,6 +48,7 @@ impl ApiErrorKind {
     pub fn status(self) -> StatusCode {
         match self {
             ApiErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
             ApiErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -61,6 +64,7 @@ impl ApiErrorKind {
     pub fn error_type(self) -> &'static str {
         match self {
             ApiErrorKind::InvalidRequest
+            | ApiErrorKind::Unauthorized
             | ApiErrorKind::NotFound
             | ApiErrorKind::MethodNotAllowed
             | ApiErrorKind::PayloadTooLarge => "invalid_request_error",
@@ -194,6 +198,24 @@ struct Body<'a> {
     code: Option<&'static str>,
 }
 
+impl ApiError {
+    /// The OpenAI envelope as JSON, for an error event in a stream.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.envelope()).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            error: Body {
+                message: &self.message,
+                error_type: self.kind.error_type(),
+                param: self.param,
+                code: self.code,
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.kind.status();
@@ -210,15 +232,7 @@ impl IntoResponse for ApiError {
                 "request rejected"
             );
         }
-        let body = Envelope {
-            error: Body {
-                message: &self.message,
-                error_type,
-                param: self.param,
-                code: self.code,
-            },
-        };
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, Json(self.envelope())).into_response();
         if self.kind == ApiErrorKind::CapacityExhausted {
             response.headers_mut().insert(
                 header::RETRY_AFTER,

@@ -9,15 +9,28 @@
 //!   lists each model.
 //! - `GET /v1/models`, `GET /v1/models/{model}`: OpenAI model objects, with vLLM's
 //!   `max_model_len`.
-//! - `POST /v1/completions`: non-streaming completions ([`completions`]).
+//! - `POST /v1/completions` ([`completions`]) and `POST /v1/chat/completions` ([`chat`]):
+//!   both read the shared parameters of [`params`] and answer through [`respond`], as one
+//!   body or as server-sent events ([`stream`]); text comes from [`detok`].
+//! - `GET /v1/cluster` and the status page at `/` ([`status`]).
 //!
-//! Every error, including malformed JSON, a body over [`MAX_BODY_BYTES`], an unknown route
-//! or method, is answered in the OpenAI envelope by [`ApiError`]. Each request runs in a
-//! `tracing` span with its method, route, model and response id; request text is never
-//! logged. A client that disconnects drops its handler, and with it the engine's future.
+//! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
+//! configured ([`auth`]). Every error, including malformed JSON, a body over
+//! [`MAX_BODY_BYTES`], an unknown route or method, is answered in the OpenAI envelope by
+//! [`ApiError`]. Each request runs in a `tracing` span with its method, route, model and
+//! response id; request text is never logged. A client that disconnects drops its handler
+//! (or its event stream), and with it every token stream: the sequences are cancelled.
 
+mod auth;
+mod chat;
 mod completions;
+mod detok;
 mod error;
+mod ids;
+mod params;
+mod respond;
+mod status;
+mod stream;
 mod types;
 
 use std::fmt;
@@ -34,13 +47,16 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use tessera_model::chat::ChatTemplate;
 use tessera_model::tokenizer::Tokenizer;
 use tracing::{Instrument, debug, field, info_span};
 
 use crate::engine::Engine;
 use types::{ModelCard, ModelList};
 
+pub use auth::{ApiKeys, ExposureError, check_exposure};
 pub use error::{ApiError, ApiErrorKind};
+pub use params::{MAX_CHOICES, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS};
 
 /// Largest request body accepted: a prompt of a full 128k-token context as text is about
 /// 0.5 MiB, as a JSON array of ids about 1 MiB; 4 MiB leaves room without letting one
@@ -54,6 +70,8 @@ pub struct ServedModel {
     pub name: String,
     /// `None`: prompts must be token ids and responses carry no text.
     pub tokenizer: Option<Arc<Tokenizer>>,
+    /// `None`: the model has no chat template and chat completions answer 400.
+    pub chat_template: Option<Arc<ChatTemplate>>,
     /// Ids that end generation unless the request sets `ignore_eos`.
     pub eos_token_ids: Vec<u32>,
     /// Prompt plus completion tokens one sequence may hold.
@@ -69,33 +87,45 @@ pub struct ApiState {
     /// Looked up by name; the first of two with the same name wins.
     pub models: Vec<ServedModel>,
     pub engine: Arc<dyn Engine>,
+    /// Bearer keys; empty: no key needed.
+    pub api_keys: ApiKeys,
 }
 
 impl fmt::Debug for ApiState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiState")
             .field("models", &self.models)
+            .field("api_keys", &self.api_keys)
             .finish_non_exhaustive()
     }
 }
 
 impl ApiState {
-    fn model(&self, name: &str) -> Option<&ServedModel> {
-        self.models.iter().find(|m| m.name == name)
+    /// The served model `name`, or OpenAI's 404.
+    fn model(&self, name: &str) -> Result<&ServedModel, ApiError> {
+        self.models
+            .iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| ApiError::model_not_found(name))
     }
 }
 
 /// The API's routes over `state`.
 pub fn router(state: ApiState) -> Router {
+    let keys = state.api_keys.clone();
     Router::new()
+        .route("/", get(status::page))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(retrieve_model))
         .route("/v1/completions", post(completions::create_completion))
+        .route("/v1/chat/completions", post(chat::create_chat_completion))
+        .route("/v1/cluster", get(status::cluster))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(keys, auth::require_key))
         .layer(middleware::from_fn(trace_request))
         .with_state(Arc::new(state))
 }
@@ -139,6 +169,12 @@ async fn trace_request(request: Request, next: Next) -> Response {
         let start = Instant::now();
         let response = next.run(request).await;
         let elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        ::metrics::counter!(
+            crate::metrics::API_REQUESTS,
+            "route" => route,
+            "status" => response.status().as_u16().to_string(),
+        )
+        .increment(1);
         debug!(
             status = response.status().as_u16(),
             elapsed_ms, "request done"
@@ -210,10 +246,7 @@ async fn retrieve_model(
 ) -> Result<Json<ModelCard>, ApiError> {
     let Path(name) =
         name.map_err(|e| ApiError::new(ApiErrorKind::InvalidRequest, e.body_text()))?;
-    state
-        .model(&name)
-        .map(|m| Json(model_card(m)))
-        .ok_or_else(|| ApiError::model_not_found(&name))
+    state.model(&name).map(|m| Json(model_card(m)))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

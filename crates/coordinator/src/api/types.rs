@@ -1,5 +1,5 @@
-//! The JSON shapes of the API: request bodies as parsed (typed, not yet checked against a
-//! model) and response bodies.
+//! The JSON shapes of the API: request fields as parsed (typed, not yet checked against a
+//! model) and the model objects.
 //!
 //! Request bodies are read field by field from the JSON object rather than derived, so
 //! that a field of the wrong type is a 400 naming that field (`param`), `null` counts as
@@ -113,131 +113,6 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-/// The body of `POST /v1/completions`, typed but not yet checked against the model.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct CompletionSpec {
-    pub model: String,
-    pub prompt: PromptSpec,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    /// vLLM extra; -1 or 0: no limit.
-    pub top_k: Option<i64>,
-    /// vLLM extra.
-    pub min_p: Option<f64>,
-    /// vLLM extra.
-    pub repetition_penalty: Option<f64>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub seed: Option<u64>,
-    /// vLLM extra.
-    pub stop_token_ids: Vec<u32>,
-    /// vLLM extra: add the prompt's and the completion's token ids to the response.
-    pub return_token_ids: bool,
-    /// vLLM extra: the model's end-of-sequence ids do not stop generation.
-    pub ignore_eos: bool,
-    pub n: Option<u32>,
-    pub stream: bool,
-}
-
-impl CompletionSpec {
-    pub(crate) fn from_json(body: Map<String, Value>) -> Result<CompletionSpec, ApiError> {
-        let mut f = Fields::new(body);
-        let spec = CompletionSpec {
-            model: f.require("model")?,
-            prompt: PromptSpec::from_json(f.require("prompt")?)?,
-            max_tokens: f.take("max_tokens")?,
-            temperature: f.take("temperature")?,
-            top_p: f.take("top_p")?,
-            top_k: f.take("top_k")?,
-            min_p: f.take("min_p")?,
-            repetition_penalty: f.take("repetition_penalty")?,
-            presence_penalty: f.take("presence_penalty")?,
-            frequency_penalty: f.take("frequency_penalty")?,
-            seed: f.take("seed")?,
-            stop_token_ids: f.take("stop_token_ids")?.unwrap_or_default(),
-            return_token_ids: f.take("return_token_ids")?.unwrap_or(false),
-            ignore_eos: f.take("ignore_eos")?.unwrap_or(false),
-            n: f.take("n")?,
-            stream: f.take("stream")?.unwrap_or(false),
-        };
-        // Accepted and unused: OpenAI's end-user id.
-        let _: Option<String> = f.take("user")?;
-        reject_unsupported(&mut f)?;
-        Ok(spec)
-    }
-}
-
-/// OpenAI fields that would change the output if they were silently ignored: a request
-/// that sets them is refused rather than answered differently from what it asked.
-fn reject_unsupported(f: &mut Fields) -> Result<(), ApiError> {
-    match f.take::<Value>("stop")? {
-        None => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "stop",
-                "`stop` strings are not supported yet; use `stop_token_ids`",
-            ));
-        }
-    }
-    if f.take::<bool>("echo")? == Some(true) {
-        return Err(ApiError::unsupported("echo"));
-    }
-    if !matches!(
-        f.take::<Value>("logprobs")?,
-        None | Some(Value::Bool(false))
-    ) {
-        return Err(ApiError::unsupported("logprobs"));
-    }
-    if f.take::<u32>("best_of")?.is_some_and(|b| b > 1) {
-        return Err(ApiError::unsupported("best_of"));
-    }
-    if f.take::<String>("suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::unsupported("suffix"));
-    }
-    if f.take::<Map<String, Value>>("logit_bias")?
-        .is_some_and(|m| !m.is_empty())
-    {
-        return Err(ApiError::unsupported("logit_bias"));
-    }
-    Ok(())
-}
-
-/// OpenAI's `text_completion` object.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct CompletionResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    pub usage: Usage,
-    /// With `return_token_ids` (vLLM).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt_token_ids: Option<Vec<u32>>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct CompletionChoice {
-    pub index: u32,
-    pub text: String,
-    /// Always `null`: log probabilities are not supported yet.
-    pub logprobs: Option<()>,
-    pub finish_reason: &'static str,
-    /// With `return_token_ids` (vLLM).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_ids: Option<Vec<u32>>,
-}
-
-#[derive(Clone, Copy, Debug, Serialize)]
-pub(crate) struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub total_tokens: usize,
-}
-
 /// OpenAI's model list.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct ModelList {
@@ -302,18 +177,16 @@ mod tests {
 
     #[test]
     fn null_is_absent_and_wrong_types_name_the_field() {
-        let body = json!({"model": "m", "prompt": "p", "max_tokens": null, "seed": 3});
-        let Value::Object(map) = body else {
+        let Value::Object(map) = json!({"max_tokens": null, "seed": 3, "top_p": "x"}) else {
             unreachable!()
         };
-        let spec = CompletionSpec::from_json(map).unwrap();
-        assert_eq!(spec.max_tokens, None);
-        assert_eq!(spec.seed, Some(3));
-
-        let Value::Object(map) = json!({"model": "m", "prompt": "p", "top_p": "x"}) else {
-            unreachable!()
-        };
-        let err = CompletionSpec::from_json(map).unwrap_err();
-        assert_eq!(err.param, Some("top_p"));
+        let mut f = Fields::new(map);
+        assert_eq!(f.take::<u32>("max_tokens").unwrap(), None);
+        assert_eq!(f.take::<u64>("seed").unwrap(), Some(3));
+        assert_eq!(f.take::<f64>("top_p").unwrap_err().param, Some("top_p"));
+        assert_eq!(
+            f.require::<String>("model").unwrap_err().param,
+            Some("model")
+        );
     }
 }

@@ -1,0 +1,302 @@
+//! What completions and chat share once a prompt is tokenized: one engine sequence per
+//! choice, each choice's tokens turned into text parts ([`ChoicePart`]) by a
+//! [`TextStream`], and the answer — one JSON body, or server-sent events ([`sse`]).
+//!
+//! The endpoints differ only in the JSON of a choice, which they give as a [`Shape`].
+//!
+//! Cancellation: every [`TokenStream`] lives inside the choice's stream. A choice that
+//! finishes (or matches a stop string) drops its stream at once; a client that goes away
+//! drops the handler's future (non-streaming) or the SSE body (streaming), and with it
+//! every stream, which cancels the sequences and frees their blocks.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use serde_json::{Map, Value, json};
+use tessera_model::tokenizer::Tokenizer;
+use tracing::Span;
+
+use super::detok::{TextStep, TextStream};
+use super::error::ApiError;
+use super::params::Params;
+use super::stream as sse;
+use super::{ApiState, ServedModel, ids};
+use crate::engine::{TokenLogprobs, TokenStream};
+use crate::metrics as names;
+
+/// What one token (or the end) adds to a choice; also, accumulated, a whole choice.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct ChoicePart {
+    pub index: u32,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// One per token when the request asked for logprobs.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// Per token: the characters of the choice's text before it (completions'
+    /// `text_offset`).
+    pub offsets: Vec<usize>,
+    /// OpenAI's `finish_reason`, on a choice's last part.
+    pub finish: Option<&'static str>,
+}
+
+impl ChoicePart {
+    fn append(&mut self, part: ChoicePart) {
+        self.text.push_str(&part.text);
+        self.tokens.extend(part.tokens);
+        self.logprobs.extend(part.logprobs);
+        self.offsets.extend(part.offsets);
+        self.finish = part.finish.or(self.finish);
+    }
+}
+
+/// The request-level facts every chunk and body repeats.
+#[derive(Clone, Debug)]
+pub(crate) struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub logprobs: bool,
+    pub return_token_ids: bool,
+    pub include_usage: bool,
+    pub prompt: Vec<u32>,
+    pub n: u32,
+}
+
+impl Meta {
+    /// The text of one token, for logprobs (special tokens included: they were sampled).
+    pub(crate) fn token_text(&self, token: u32) -> String {
+        match &self.tokenizer {
+            Some(t) => t.decode(&[token], false).unwrap_or_default(),
+            None => String::new(),
+        }
+    }
+}
+
+/// The JSON of one endpoint's choices.
+pub(crate) trait Shape: Send + Sync + 'static {
+    /// `text_completion` / `chat.completion`.
+    fn object(&self) -> &'static str;
+    /// The object of a streamed chunk.
+    fn chunk_object(&self) -> &'static str;
+    /// A whole choice of a non-streaming body.
+    fn choice(&self, meta: &Meta, choice: &ChoicePart) -> Value;
+    /// One part of a choice in a streamed chunk.
+    fn chunk_choice(&self, meta: &Meta, part: &ChoicePart) -> Value;
+    /// A choice's first chunk, before any token (chat's `role`), if the endpoint has one.
+    fn opening(&self, index: u32) -> Option<Value>;
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub(crate) fn json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+}
+
+/// Starts one sequence per choice and answers with `shape`: SSE when the request streams.
+pub(crate) async fn respond(
+    state: &ApiState,
+    model: &ServedModel,
+    params: &Params,
+    prompt: Vec<u32>,
+    default_max_tokens: Option<u32>,
+    id_prefix: &str,
+    shape: impl Shape,
+) -> Result<Response, ApiError> {
+    let start = Instant::now();
+    let id = format!("{id_prefix}-{}", ids::random_hex()?);
+    let span = Span::current();
+    span.record("request_id", id.as_str());
+    span.record("model", model.name.as_str());
+    let mut streams = Vec::with_capacity(params.n as usize);
+    for index in 0..params.n {
+        let request = params.request(model, prompt.clone(), default_max_tokens, index)?;
+        streams.push(state.engine.generate(request).await?);
+    }
+    let meta = Meta {
+        id,
+        created: ids::unix_seconds(),
+        model: model.name.clone(),
+        tokenizer: model.tokenizer.clone(),
+        logprobs: params.logprobs().is_some(),
+        return_token_ids: params.return_token_ids,
+        include_usage: params.include_usage,
+        prompt,
+        n: params.n,
+    };
+    let parts = choice_parts(streams, model.tokenizer.clone(), params, start);
+    if params.stream {
+        return Ok(sse::sse(meta, parts, shape, start));
+    }
+    let body = collect(&meta, parts, &shape, start).await?;
+    Ok(Json(body).into_response())
+}
+
+/// Every choice's parts, merged in the order they come.
+fn choice_parts(
+    streams: Vec<TokenStream>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    params: &Params,
+    start: Instant,
+) -> BoxStream<'static, Result<ChoicePart, ApiError>> {
+    let choices = streams.into_iter().zip(0u32..).map(|(tokens, index)| {
+        let text = TextStream::new(tokenizer.clone(), Arc::clone(&params.stop));
+        choice(index, tokens, text, start).boxed()
+    });
+    stream::select_all(choices).boxed()
+}
+
+/// The sequence of one choice, and what it has told so far.
+struct Choice {
+    index: u32,
+    tokens: TokenStream,
+    text: TextStream,
+    last: Option<Instant>,
+    /// Characters of text sent so far.
+    sent_chars: usize,
+}
+
+/// The parts of one choice. Its token stream is dropped (the sequence cancelled) as soon
+/// as a stop string matches, and after the last part.
+fn choice(
+    index: u32,
+    tokens: TokenStream,
+    text: TextStream,
+    start: Instant,
+) -> impl futures_util::Stream<Item = Result<ChoicePart, ApiError>> + Send + 'static {
+    let first = Choice {
+        index,
+        tokens,
+        text,
+        last: None,
+        sent_chars: 0,
+    };
+    stream::unfold(Some(first), move |state| async move {
+        let mut choice = state?;
+        let event = match choice.tokens.recv().await {
+            Some(Ok(event)) => event,
+            Some(Err(error)) => return Some((Err(ApiError::from(error)), None)),
+            None => {
+                let error = ApiError::internal("the sequence's stream ended without a finish");
+                return Some((Err(error), None));
+            }
+        };
+        choice.record_timing(start);
+        let part = match choice.part(event.token, event.logprobs, event.finish) {
+            Ok(part) => part,
+            Err(error) => return Some((Err(error), None)),
+        };
+        let next = part.finish.is_none().then_some(choice);
+        Some((Ok(part), next))
+    })
+}
+
+impl Choice {
+    fn record_timing(&mut self, start: Instant) {
+        let now = Instant::now();
+        match self.last {
+            None => ::metrics::histogram!(names::API_TIME_TO_FIRST_TOKEN_SECONDS)
+                .record(now.duration_since(start).as_secs_f64()),
+            Some(last) => ::metrics::histogram!(names::API_INTER_TOKEN_LATENCY_SECONDS)
+                .record(now.duration_since(last).as_secs_f64()),
+        }
+        self.last = Some(now);
+    }
+
+    fn part(
+        &mut self,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+        finish: Option<tessera_comm::proto::FinishReason>,
+    ) -> Result<ChoicePart, ApiError> {
+        let detok = |e: tessera_model::tokenizer::TokenizerError| ApiError::internal(e.to_string());
+        let (text, finish) = match self.text.push(token).map_err(detok)? {
+            TextStep::Stopped(text) => (text, Some("stop")),
+            TextStep::Text(text) => match finish {
+                None => (text, None),
+                Some(reason) => match self.text.finish().map_err(detok)? {
+                    TextStep::Text(rest) => (text + &rest, Some(reason.as_str())),
+                    TextStep::Stopped(rest) => (text + &rest, Some("stop")),
+                },
+            },
+        };
+        let offset = self.sent_chars;
+        self.sent_chars += text.chars().count();
+        Ok(ChoicePart {
+            index: self.index,
+            text,
+            tokens: vec![token],
+            logprobs: logprobs.into_iter().collect(),
+            offsets: vec![offset],
+            finish,
+        })
+    }
+}
+
+/// Reads every choice to its end into one body.
+async fn collect(
+    meta: &Meta,
+    mut parts: BoxStream<'static, Result<ChoicePart, ApiError>>,
+    shape: &impl Shape,
+    start: Instant,
+) -> Result<Value, ApiError> {
+    let mut choices: Vec<ChoicePart> = (0..meta.n)
+        .map(|index| ChoicePart {
+            index,
+            ..ChoicePart::default()
+        })
+        .collect();
+    while let Some(part) = parts.next().await {
+        let part = part?;
+        if let Some(choice) = choices.get_mut(part.index as usize) {
+            choice.append(part);
+        }
+    }
+    let usage = Usage {
+        prompt_tokens: meta.prompt.len(),
+        completion_tokens: choices.iter().map(|c| c.tokens.len()).sum(),
+    };
+    record_done(usage, start);
+    let mut body = envelope(meta, shape.object());
+    body.insert(
+        "choices".into(),
+        choices.iter().map(|c| shape.choice(meta, c)).collect(),
+    );
+    body.insert("usage".into(), usage.json());
+    if meta.return_token_ids {
+        body.insert("prompt_token_ids".into(), json!(meta.prompt));
+    }
+    Ok(Value::Object(body))
+}
+
+/// `id`, `object`, `created`, `model`: the head of every body and chunk.
+pub(crate) fn envelope(meta: &Meta, object: &'static str) -> Map<String, Value> {
+    let mut map = Map::new();
+    map.insert("id".into(), json!(meta.id));
+    map.insert("object".into(), json!(object));
+    map.insert("created".into(), json!(meta.created));
+    map.insert("model".into(), json!(meta.model));
+    map
+}
+
+/// Token counters and end-to-end latency of a request that ran to its end.
+pub(crate) fn record_done(usage: Usage, start: Instant) {
+    ::metrics::histogram!(names::API_REQUEST_DURATION_SECONDS)
+        .record(start.elapsed().as_secs_f64());
+    ::metrics::counter!(names::API_PROMPT_TOKENS).increment(usage.prompt_tokens as u64);
+    ::metrics::counter!(names::API_GENERATED_TOKENS).increment(usage.completion_tokens as u64);
+}
