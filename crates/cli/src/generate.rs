@@ -20,10 +20,13 @@ pub struct GenerateArgs {
     /// [default with --url: the first of the server's GET /v1/models].
     #[arg(long, env = "TESSERA_MODEL", required_unless_present = "url")]
     pub model: Option<PathBuf>,
-    /// Ask the server at this URL (POST /v1/completions) instead of loading the model in
-    /// this process; --threads is then ignored.
+    /// Ask the server at this URL (POST /v1/completions, or /v1/chat/completions for
+    /// --chat) instead of loading the model in this process; --threads is then ignored.
     #[arg(long, env = "TESSERA_URL")]
     pub url: Option<String>,
+    /// With --url: the server's API key [default: OPENAI_API_KEY].
+    #[arg(long, env = "TESSERA_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Raw prompt text (no chat template).
     #[arg(long)]
     pub prompt: Option<String>,

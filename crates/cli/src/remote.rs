@@ -1,13 +1,14 @@
 //! `tessera generate --url URL`: the same request as the local path, sent to a running
-//! server as `POST /v1/completions` (OpenAI's API with vLLM's `return_token_ids`,
-//! `ignore_eos` and `top_k`), printed as the local path prints it.
+//! server — `POST /v1/completions` for `--prompt` and `--prompt-tokens`,
+//! `POST /v1/chat/completions` for `--chat` (the server applies the model's template) —
+//! streamed (server-sent events) and printed as the local path prints it. OpenAI's API with
+//! vLLM's `return_token_ids`, `ignore_eos` and `top_k`; the key from `--api-key`,
+//! `TESSERA_API_KEY` or `OPENAI_API_KEY`.
 //!
-//! Differences from the local path: the answer comes whole (no streaming yet), so the
-//! timings are the client's — `elapsed_s` for the whole request and `tokens_per_s` of
-//! generated tokens over it — and `--chat` needs the server's chat endpoint, which the
-//! coordinator does not serve yet.
+//! The timings are the client's: time to the first token, and generated tokens per second
+//! after it.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -15,11 +16,15 @@ use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::bench::sse::SseParser;
 use crate::generate::{DEFAULT_MAX_TOKENS, GenerateArgs};
 
 /// How long connecting may take; the request itself has no limit (a long generation is
 /// slow, not stuck).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most of an error body read.
+const ERROR_BODY_LIMIT_BYTES: u64 = 64 * 1024;
 
 /// The `--json` output: the local path's keys where the server gives the values, and the
 /// client's timings.
@@ -32,8 +37,9 @@ struct JsonOutput {
     tokens: Vec<u32>,
     text: Option<String>,
     finish_reason: String,
+    ttft_s: f64,
     elapsed_s: f64,
-    tokens_per_s: f64,
+    decode_tokens_per_s: f64,
 }
 
 /// A model the server lists.
@@ -44,32 +50,69 @@ struct ServedModel {
     max_model_len: Option<usize>,
 }
 
-/// What the completion answered.
-#[derive(Debug)]
+/// The completion, as its chunks build it up.
+#[derive(Debug, Default)]
 struct Completion {
     prompt_token_ids: Vec<u32>,
-    prompt_tokens: usize,
+    prompt_tokens: Option<usize>,
     tokens: Vec<u32>,
     text: String,
-    finish_reason: String,
+    finish_reason: Option<String>,
+    done: bool,
+}
+
+impl Completion {
+    /// Adds one event's data; returns the text it adds.
+    fn add(&mut self, data: &str) -> anyhow::Result<String> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(String::new());
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| anyhow!("a stream event is not JSON ({e}): {data}"))?;
+        if !chunk["error"].is_null() {
+            bail!("the server failed mid-stream: {}", error_message(&chunk));
+        }
+        if let Some(ids) = ids(&chunk["prompt_token_ids"]) {
+            self.prompt_token_ids = ids;
+        }
+        if let Some(n) = chunk["usage"]["prompt_tokens"].as_u64() {
+            self.prompt_tokens = Some(n as usize);
+        }
+        let choice = &chunk["choices"][0];
+        if choice.is_null() {
+            return Ok(String::new());
+        }
+        self.tokens
+            .extend(ids(&choice["token_ids"]).unwrap_or_default());
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finish_reason = Some(reason.to_owned());
+        }
+        let text = choice["text"]
+            .as_str()
+            .or_else(|| choice["delta"]["content"].as_str())
+            .unwrap_or_default();
+        self.text.push_str(text);
+        Ok(text.to_owned())
+    }
 }
 
 /// Runs the generation on the server at `url`.
 pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
-    if args.chat.is_some() {
-        bail!(
-            "--chat with --url needs the server's chat endpoint (/v1/chat/completions), which \
-             comes with the serving work; use --prompt (with the chat template applied by \
-             hand) or --prompt-tokens for now"
-        );
-    }
     let base = base_url(url);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .build()
         .into();
-    let listed = models(&agent, &base);
+    let authorization = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("OPENAI_API_KEY").ok())
+        .filter(|key| !key.is_empty())
+        .map(|key| format!("Bearer {key}"));
+    let listed = models(&agent, &base, authorization.as_deref());
     let (model, context) = match (&args.model, listed) {
         (Some(name), listed) => {
             let name = name.to_string_lossy().into_owned();
@@ -89,13 +132,19 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         (None, Err(error)) => return Err(error),
     };
 
-    let prompt = match (&args.prompt_tokens, &args.prompt) {
-        (Some(ids), _) if ids.is_empty() => bail!("--prompt-tokens needs at least one token id"),
-        (Some(ids), _) => json!(ids),
-        (None, Some(text)) => json!(text),
-        (None, None) => bail!("give --prompt or --prompt-tokens"),
+    let (path, mut body, known_prompt) = match (&args.prompt_tokens, &args.prompt, &args.chat) {
+        (Some(ids), _, _) if ids.is_empty() => {
+            bail!("--prompt-tokens needs at least one token id")
+        }
+        (Some(ids), _, _) => ("/v1/completions", json!({"prompt": ids}), ids.len()),
+        (None, Some(text), _) => ("/v1/completions", json!({"prompt": text}), 0),
+        (None, None, Some(message)) => (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": message}]}),
+            0,
+        ),
+        (None, None, None) => bail!("give --prompt, --chat or --prompt-tokens"),
     };
-    let known_prompt = args.prompt_tokens.as_ref().map_or(0, Vec::len);
     let max_tokens = args.max_tokens.unwrap_or_else(|| {
         context.map_or(DEFAULT_MAX_TOKENS, |c| {
             DEFAULT_MAX_TOKENS
@@ -103,15 +152,14 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
                 .max(1)
         })
     });
-    let mut body = json!({
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "ignore_eos": args.ignore_eos,
-        "return_token_ids": true,
-    });
+    body["model"] = json!(model);
+    body["max_tokens"] = json!(max_tokens);
+    body["temperature"] = json!(args.temperature);
+    body["top_p"] = json!(args.top_p);
+    body["ignore_eos"] = json!(args.ignore_eos);
+    body["return_token_ids"] = json!(true);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
     if args.top_k > 0 {
         body["top_k"] = json!(args.top_k);
     }
@@ -119,30 +167,84 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         body["seed"] = json!(seed);
     }
 
+    let url = format!("{base}{path}");
+    let mut request = agent.post(&url);
+    if let Some(authorization) = &authorization {
+        request = request.header("Authorization", authorization);
+    }
     let started = Instant::now();
-    let answer = post(&agent, &format!("{base}/v1/completions"), &body)?;
+    let mut response = request
+        .send_json(&body)
+        .map_err(|e| anyhow!("cannot reach the server (POST {url}): {e}"))?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(ERROR_BODY_LIMIT_BYTES)
+            .read_to_string()
+            .unwrap_or_default();
+        let message = serde_json::from_str(&text).map_or(text, |v| error_message(&v));
+        bail!("the server answered {status}: {message}");
+    }
+
+    let mut stdout = std::io::stdout().lock();
+    let mut completion = Completion::default();
+    let mut first_token: Option<Duration> = None;
+    let mut reader = response.into_body().into_reader();
+    let mut parser = SseParser::default();
+    let mut buffer = [0u8; 16 * 1024];
+    while !completion.done {
+        let n = reader
+            .read(&mut buffer)
+            .with_context(|| format!("reading the stream of POST {url}"))?;
+        let mut events = parser.push(&buffer[..n]);
+        if n == 0 {
+            events.extend(parser.finish());
+        }
+        for event in events {
+            let had = completion.tokens.len();
+            let text = completion.add(&event.data)?;
+            if completion.tokens.len() > had && first_token.is_none() {
+                first_token = Some(started.elapsed());
+            }
+            if !args.json {
+                write!(stdout, "{text}")?;
+                stdout.flush()?;
+            }
+        }
+        if n == 0 && !completion.done {
+            bail!("the stream of POST {url} ended before its last event");
+        }
+    }
     let elapsed = started.elapsed().as_secs_f64();
-    let completion = parse_completion(&answer)
-        .with_context(|| format!("{base}/v1/completions answered an unexpected body"))?;
-    let tokens_per_s = if elapsed > 0.0 {
-        completion.tokens.len() as f64 / elapsed
+    let ttft = first_token.map_or(elapsed, |t| t.as_secs_f64());
+    let decode_tokens_per_s = if completion.tokens.len() > 1 && elapsed > ttft {
+        (completion.tokens.len() - 1) as f64 / (elapsed - ttft)
     } else {
         0.0
     };
-    let mut stdout = std::io::stdout().lock();
+    let prompt_tokens = completion
+        .prompt_tokens
+        .unwrap_or(completion.prompt_token_ids.len());
+    let finish_reason = completion
+        .finish_reason
+        .clone()
+        .unwrap_or_else(|| "unknown".to_owned());
     if args.json {
         let text = (!completion.text.is_empty() || completion.tokens.is_empty())
             .then(|| completion.text.clone());
         let out = JsonOutput {
             model,
             url: base,
-            prompt_tokens: completion.prompt_tokens,
+            prompt_tokens,
             prompt_token_ids: completion.prompt_token_ids,
             tokens: completion.tokens,
             text,
-            finish_reason: completion.finish_reason,
+            finish_reason,
+            ttft_s: ttft,
             elapsed_s: elapsed,
-            tokens_per_s,
+            decode_tokens_per_s,
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
@@ -150,16 +252,13 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             // A model served without a tokenizer: the ids, as the local path prints them.
             let ids: Vec<String> = completion.tokens.iter().map(u32::to_string).collect();
             write!(stdout, "{}", ids.join(","))?;
-        } else {
-            write!(stdout, "{}", completion.text)?;
         }
         writeln!(stdout)?;
         stdout.flush()?;
         eprintln!(
-            "[{} prompt tokens, {} generated ({}); {elapsed:.2} s, {tokens_per_s:.1} tok/s end to end, {base}]",
-            completion.prompt_tokens,
+            "[{prompt_tokens} prompt tokens, {} generated ({finish_reason}); first token after {:.0} ms, {decode_tokens_per_s:.1} tok/s after it, {base}]",
             completion.tokens.len(),
-            completion.finish_reason,
+            ttft * 1e3,
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -176,10 +275,17 @@ pub(crate) fn base_url(url: &str) -> String {
 }
 
 /// `GET /v1/models`.
-fn models(agent: &ureq::Agent, base: &str) -> anyhow::Result<Vec<ServedModel>> {
+fn models(
+    agent: &ureq::Agent,
+    base: &str,
+    authorization: Option<&str>,
+) -> anyhow::Result<Vec<ServedModel>> {
     let url = format!("{base}/v1/models");
-    let mut response = agent
-        .get(&url)
+    let mut request = agent.get(&url);
+    if let Some(authorization) = authorization {
+        request = request.header("Authorization", authorization);
+    }
+    let mut response = request
         .call()
         .map_err(|e| anyhow!("cannot reach the server at {base} (GET {url}): {e}"))?;
     let status = response.status().as_u16();
@@ -204,23 +310,6 @@ fn models(agent: &ureq::Agent, base: &str) -> anyhow::Result<Vec<ServedModel>> {
         .collect())
 }
 
-/// `POST url` with `body`: the JSON answer of a 200, or the server's error message.
-fn post(agent: &ureq::Agent, url: &str, body: &Value) -> anyhow::Result<Value> {
-    let mut response = agent
-        .post(url)
-        .send_json(body)
-        .map_err(|e| anyhow!("cannot reach the server (POST {url}): {e}"))?;
-    let status = response.status().as_u16();
-    let answer: Value = response
-        .body_mut()
-        .read_json()
-        .map_err(|e| anyhow!("POST {url} answered {status} with a body that is not JSON: {e}"))?;
-    if status != 200 {
-        bail!("the server answered {status}: {}", error_message(&answer));
-    }
-    Ok(answer)
-}
-
 /// The message of an OpenAI error envelope, or the whole answer.
 pub(crate) fn error_message(answer: &Value) -> String {
     match answer["error"]["message"].as_str() {
@@ -237,28 +326,6 @@ fn ids(value: &Value) -> Option<Vec<u32>> {
         .collect()
 }
 
-fn parse_completion(answer: &Value) -> anyhow::Result<Completion> {
-    let choice = &answer["choices"][0];
-    if choice.is_null() {
-        bail!("no choices");
-    }
-    let tokens = ids(&choice["token_ids"]).ok_or_else(|| anyhow!("no choices[0].token_ids"))?;
-    let prompt_token_ids = ids(&answer["prompt_token_ids"]).unwrap_or_default();
-    let prompt_tokens = answer["usage"]["prompt_tokens"]
-        .as_u64()
-        .map_or(prompt_token_ids.len(), |n| n as usize);
-    Ok(Completion {
-        prompt_token_ids,
-        prompt_tokens,
-        tokens,
-        text: choice["text"].as_str().unwrap_or_default().to_owned(),
-        finish_reason: choice["finish_reason"]
-            .as_str()
-            .unwrap_or("unknown")
-            .to_owned(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,20 +337,33 @@ mod tests {
     }
 
     #[test]
-    fn a_completion_is_read_with_its_token_ids() {
-        let answer = json!({
-            "choices": [{"index": 0, "text": " Paris", "finish_reason": "length",
-                         "token_ids": [7, 8]}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-            "prompt_token_ids": [1, 2, 3],
-        });
-        let c = parse_completion(&answer).expect("parses");
+    fn completion_and_chat_chunks_build_the_completion() {
+        let mut c = Completion::default();
+        let first = json!({"choices": [{"index": 0, "text": " Par", "token_ids": [7],
+                           "finish_reason": null}], "prompt_token_ids": [1, 2, 3]});
+        assert_eq!(c.add(&first.to_string()).unwrap(), " Par");
+        let chat = json!({"choices": [{"index": 0, "delta": {"content": "is"},
+                          "token_ids": [8], "finish_reason": "length"}]});
+        assert_eq!(c.add(&chat.to_string()).unwrap(), "is");
+        let usage = json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        assert_eq!(c.add(&usage.to_string()).unwrap(), "");
+        assert!(!c.done);
+        c.add(" [DONE]").unwrap();
+        assert!(c.done);
         assert_eq!(c.tokens, [7, 8]);
         assert_eq!(c.prompt_token_ids, [1, 2, 3]);
-        assert_eq!(c.prompt_tokens, 3);
+        assert_eq!(c.prompt_tokens, Some(3));
         assert_eq!(c.text, " Paris");
-        assert_eq!(c.finish_reason, "length");
-        assert!(parse_completion(&json!({"choices": []})).is_err());
+        assert_eq!(c.finish_reason.as_deref(), Some("length"));
+    }
+
+    #[test]
+    fn error_events_and_garbage_fail_the_stream() {
+        let mut c = Completion::default();
+        let error = json!({"error": {"message": "shard 1 died", "type": "server_error"}});
+        let message = c.add(&error.to_string()).unwrap_err().to_string();
+        assert!(message.contains("shard 1 died"), "{message}");
+        assert!(c.add("{not json").is_err());
     }
 
     #[test]

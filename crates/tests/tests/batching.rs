@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use serde_json::json;
-use tessera_tests::{Cluster, GroupSpec, demo_model, fixture};
+use tessera_tests::{Cluster, GroupSpec, TEST_API_KEY, demo_model, fixture};
 
 /// `n` token-id prompts of different lengths, from a small vocabulary.
 fn prompts(n: usize, vocab: u32) -> Vec<Vec<u32>> {
@@ -154,25 +154,37 @@ fn a_repeated_prompt_is_served_from_the_prefix_cache() {
     assert_eq!(hits, 96.0, "{}", cluster.logs());
 }
 
-/// Sends a non-streaming completion on a raw socket and closes it after `after`.
+/// Sends a completion on a raw socket and closes it after `after`; a streaming one must
+/// have started its stream by then, a whole one must not have answered yet.
 fn abandon(http: &str, body: &serde_json::Value, after: Duration) -> anyhow::Result<()> {
     let address = http.trim_start_matches("http://");
     let mut socket = TcpStream::connect(address)?;
     let body = body.to_string();
     write!(
         socket,
-        "POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {TEST_API_KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     thread::sleep(after);
     socket.set_nonblocking(true)?;
-    let mut buf = [0u8; 256];
-    if let Ok(n) = socket.read(&mut buf)
+    // Everything that has arrived, up to the read that would block.
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = socket.read(&mut buf)
         && n > 0
     {
+        received.extend_from_slice(&buf[..n]);
+    }
+    let n = received.len();
+    let answer = String::from_utf8_lossy(&received);
+    let streaming = body.contains("\"stream\":true");
+    if streaming && !answer.contains("data: {") {
+        return Err(anyhow!("the stream had not started: {answer:?}"));
+    }
+    if answer.contains("[DONE]") || (!streaming && n > 0) {
         return Err(anyhow!(
-            "the request finished before the client left: {}",
-            String::from_utf8_lossy(&buf[..n])
+            "the request finished before the client left: {answer}"
         ));
     }
     Ok(())
@@ -194,10 +206,15 @@ fn disconnected_clients_give_their_kv_blocks_back() {
     let long = json!({
         "model": "m", "prompt": [5, 6, 7, 8, 9], "max_tokens": 120,
         "temperature": 0, "ignore_eos": true,
+        // The fixture has no tokenizer: its streams carry token ids, not text.
+        "return_token_ids": true,
     });
     thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| abandon(&cluster.http, &long, Duration::from_millis(1500)).unwrap());
+        for stream in [false, true, false, true] {
+            let mut body = long.clone();
+            body["stream"] = json!(stream);
+            let http = &cluster.http;
+            s.spawn(move || abandon(http, &body, Duration::from_millis(1500)).unwrap());
         }
         thread::sleep(Duration::from_millis(700));
         let used = metric(&cluster, "tessera_kv_blocks_used").unwrap();

@@ -17,7 +17,7 @@ mod args;
 mod client;
 mod driver;
 mod report;
-mod sse;
+pub(crate) mod sse;
 mod stats;
 mod workload;
 
