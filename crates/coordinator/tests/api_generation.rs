@@ -370,6 +370,23 @@ async fn prompt_over_the_context_is_context_length_exceeded() {
     .await;
     assert_error(&reply, 400, "invalid_request_error", Some("prompt"));
     assert_eq!(reply.body["error"]["code"], "context_length_exceeded");
+    // Chat blames its own fields: the messages, or the completion length it was given.
+    let long = json!([{"role": "user", "content": "word ".repeat(200)}]);
+    let reply = chat(
+        app(MockEngine::new(Reply::EchoPrompt(1))),
+        json!({"model": TEXT_MODEL, "messages": long}),
+    )
+    .await;
+    assert_error(&reply, 400, "invalid_request_error", Some("messages"));
+    assert_eq!(reply.body["error"]["code"], "context_length_exceeded");
+    let hi = json!([{"role": "user", "content": "Hi"}]);
+    for field in ["max_tokens", "max_completion_tokens"] {
+        let mut body = json!({"model": TEXT_MODEL, "messages": hi});
+        body[field] = json!(CONTEXT_TOKENS - 1);
+        let reply = chat(app(MockEngine::new(Reply::EchoPrompt(1))), body).await;
+        assert_error(&reply, 400, "invalid_request_error", Some(field));
+        assert_eq!(reply.body["error"]["code"], "context_length_exceeded");
+    }
 }
 
 #[tokio::test]

@@ -68,6 +68,24 @@ pub(crate) struct ParamsSpec {
     logprobs: Option<(i64, &'static str)>,
     pub(crate) stream: bool,
     include_usage: bool,
+    /// The fields a context overflow blames: the prompt's and the completion length's.
+    names: FieldNames,
+}
+
+/// The names the endpoint gives to the prompt and to the completion's length.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct FieldNames {
+    prompt: &'static str,
+    max_tokens: &'static str,
+}
+
+impl Default for FieldNames {
+    fn default() -> Self {
+        FieldNames {
+            prompt: "prompt",
+            max_tokens: "max_tokens",
+        }
+    }
 }
 
 /// The shared fields, checked.
@@ -84,6 +102,7 @@ pub(crate) struct Params {
     priority: i32,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    names: FieldNames,
 }
 
 impl ParamsSpec {
@@ -94,6 +113,19 @@ impl ParamsSpec {
                 None => f.take("max_tokens")?.map(|v| (v, "max_tokens")),
             },
             Endpoint::Completions => f.take("max_tokens")?.map(|v| (v, "max_tokens")),
+        };
+        let names = FieldNames {
+            prompt: match endpoint {
+                Endpoint::Completions => "prompt",
+                Endpoint::Chat => "messages",
+            },
+            max_tokens: max_tokens.map_or(
+                match endpoint {
+                    Endpoint::Completions => "max_tokens",
+                    Endpoint::Chat => "max_completion_tokens",
+                },
+                |(_, param)| param,
+            ),
         };
         let logprobs = match endpoint {
             Endpoint::Completions => f.take("logprobs")?.map(|v| (v, "logprobs")),
@@ -126,6 +158,7 @@ impl ParamsSpec {
             logprobs,
             stream,
             include_usage,
+            names,
         })
     }
 
@@ -163,6 +196,7 @@ impl ParamsSpec {
             priority,
             stream: self.stream,
             include_usage: self.include_usage,
+            names: self.names,
         })
     }
 
@@ -245,7 +279,7 @@ impl Params {
             .max_tokens
             .or(default_max_tokens)
             .unwrap_or(u32::try_from(rest).unwrap_or(u32::MAX).max(1));
-        check_context(model, prompt.len(), max_tokens)?;
+        check_context(model, prompt.len(), max_tokens, self.names)?;
         let eos = if self.ignore_eos {
             &[][..]
         } else {
@@ -461,23 +495,24 @@ fn check_context(
     model: &ServedModel,
     prompt_tokens: usize,
     max_tokens: u32,
+    names: FieldNames,
 ) -> Result<(), ApiError> {
     let requested = prompt_tokens as u64 + u64::from(max_tokens);
     if requested <= model.context_tokens as u64 {
         return Ok(());
     }
     let param = if prompt_tokens >= model.context_tokens {
-        "prompt"
+        names.prompt
     } else {
-        "max_tokens"
+        names.max_tokens
     };
     Err(ApiError::invalid(
         param,
         format!(
             "This model's maximum context length is {} tokens. However, you requested \
              {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} for the \
-             completion). Please reduce the length of the prompt or `max_tokens`.",
-            model.context_tokens
+             completion). Please reduce the length of the {} or `{}`.",
+            model.context_tokens, names.prompt, names.max_tokens
         ),
     )
     .with_code("context_length_exceeded"))
