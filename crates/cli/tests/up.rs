@@ -27,6 +27,8 @@ fn tessera(args: &[&str], cwd: &Path) -> Output {
         .env_remove("TESSERA_MODEL")
         .env_remove("TESSERA_URL")
         .env_remove("TESSERA_BIN_DIR")
+        .env_remove("TESSERA_API_KEY")
+        .env_remove("OPENAI_API_KEY")
         .output()
         .expect("tessera runs")
 }
@@ -309,55 +311,62 @@ fn generate_url_says_when_the_server_is_unreachable() {
     );
 }
 
-#[test]
-fn generate_url_with_chat_explains_what_is_missing() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let out = tessera(
-        &["generate", "--url", "http://127.0.0.1:1", "--chat", "hi"],
-        dir.path(),
-    );
-    let stderr = fails(&out);
-    assert!(stderr.contains("/v1/chat/completions"), "{stderr}");
-}
-
-/// A one-thread HTTP/1.1 server answering `/v1/models` and `/v1/completions` with
-/// `completion` (status and body), recording each request's line and body.
+/// A one-thread HTTP/1.1 server answering `/v1/models`, and every other request with
+/// `completion`: a status and a JSON body, or, where the body is an array, a stream of
+/// server-sent events with one element each and `[DONE]`. It records each request's line
+/// and body.
 struct FakeServer {
     url: String,
     requests: Arc<Mutex<Vec<(String, Value)>>>,
+    /// Each request's headers, as `name: value` with the name in lower case.
+    headers: Arc<Mutex<Vec<Vec<String>>>>,
 }
 
 fn fake_server(completion: (u16, Value)) -> FakeServer {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let requests = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&requests);
+    let headers = Arc::new(Mutex::new(Vec::new()));
+    let (seen, seen_headers) = (Arc::clone(&requests), Arc::clone(&headers));
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
-            answer(stream, &completion, &seen);
+            answer(stream, &completion, &seen, &seen_headers);
         }
     });
-    FakeServer { url, requests }
+    FakeServer {
+        url,
+        requests,
+        headers,
+    }
 }
 
-fn answer(stream: TcpStream, completion: &(u16, Value), seen: &Mutex<Vec<(String, Value)>>) {
+fn answer(
+    stream: TcpStream,
+    completion: &(u16, Value),
+    seen: &Mutex<Vec<(String, Value)>>,
+    seen_headers: &Mutex<Vec<Vec<String>>>,
+) {
     let mut reader = BufReader::new(stream.try_clone().expect("clone"));
     let mut request_line = String::new();
     reader.read_line(&mut request_line).expect("request line");
     let mut length = 0;
+    let mut headers = Vec::new();
     loop {
         let mut header = String::new();
         reader.read_line(&mut header).expect("header");
         if header.trim().is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().expect("length");
+        if let Some((name, value)) = header.split_once(':') {
+            let name = name.trim().to_ascii_lowercase();
+            if name == "content-length" {
+                length = value.trim().parse().expect("length");
+            }
+            headers.push(format!("{name}: {}", value.trim()));
         }
     }
+    seen_headers.lock().expect("lock").push(headers);
     let mut body = vec![0; length];
     reader.read_exact(&mut body).expect("body");
     let request_line = request_line.trim().to_owned();
@@ -371,24 +380,59 @@ fn answer(stream: TcpStream, completion: &(u16, Value), seen: &Mutex<Vec<(String
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     seen.lock().expect("lock").push((request_line, body));
-    let answer = answer.to_string();
+    let (content_type, answer) = match answer {
+        Value::Array(events) => {
+            let mut sse: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+            sse.push_str("data: [DONE]\n\n");
+            ("text/event-stream", sse)
+        }
+        answer => ("application/json", answer.to_string()),
+    };
     let mut stream = stream;
     let _ = write!(
         stream,
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
          Connection: close\r\n\r\n{answer}",
         answer.len()
     );
 }
 
+/// A streamed completion of the tokens 7 and 8 (" Paris") after the prompt 1, 2, 3, as
+/// vLLM-style servers send it: prompt ids on the first chunk, then a chunk per token, then
+/// the usage.
 fn completion() -> Value {
-    json!({
-        "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "text": " Paris", "logprobs": null,
-                     "finish_reason": "length", "token_ids": [7, 8]}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-        "prompt_token_ids": [1, 2, 3],
-    })
+    let chunk = |choice: Value| {
+        json!({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+               "choices": [choice]})
+    };
+    let mut first = chunk(json!({"index": 0, "text": " Par", "logprobs": null,
+                                 "finish_reason": null, "token_ids": [7]}));
+    first["prompt_token_ids"] = json!([1, 2, 3]);
+    json!([
+        first,
+        chunk(json!({"index": 0, "text": "is", "logprobs": null,
+                     "finish_reason": "length", "token_ids": [8]})),
+        {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+         "choices": [],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}},
+    ])
+}
+
+/// The chat form of [`completion`]: deltas instead of text.
+fn chat_completion() -> Value {
+    let chunk = |delta: Value, ids: Value, finish: Value| {
+        json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+               "model": "m", "choices": [{"index": 0, "delta": delta, "logprobs": null,
+                                          "finish_reason": finish, "token_ids": ids}]})
+    };
+    json!([
+        chunk(json!({"role": "assistant", "content": ""}), json!([]), Value::Null),
+        chunk(json!({"content": "Hello"}), json!([7]), Value::Null),
+        chunk(json!({"content": "!"}), json!([8]), json!("stop")),
+        {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+         "choices": [],
+         "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}},
+    ])
 }
 
 #[test]
@@ -435,6 +479,8 @@ fn generate_url_sends_the_request_and_prints_like_the_local_path() {
     assert_eq!(body["seed"], 7);
     assert_eq!(body["ignore_eos"], true);
     assert_eq!(body["return_token_ids"], true);
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
     assert!(body.get("top_k").is_none(), "top-k 0 is not sent: {body}");
 
     let plain = tessera(
@@ -461,6 +507,57 @@ fn generate_url_sends_the_request_and_prints_like_the_local_path() {
     assert_eq!(body["prompt"], "The capital is");
     assert_eq!(body["max_tokens"], 2);
     assert_eq!(body["top_k"], 5);
+}
+
+#[test]
+fn generate_url_with_chat_asks_the_chat_endpoint() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = fake_server((200, chat_completion()));
+    let out = tessera(
+        &["generate", "--url", &server.url, "--chat", "Say hello"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "Hello!\n");
+    assert!(
+        text(&out.stderr).contains("12 prompt tokens, 2 generated (stop)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let requests = server.requests.lock().expect("lock").clone();
+    let (line, body) = requests.last().expect("a request");
+    assert!(line.starts_with("POST /v1/chat/completions "), "{line}");
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": "Say hello"}])
+    );
+    assert!(body.get("prompt").is_none(), "{body}");
+}
+
+#[test]
+fn generate_url_sends_the_api_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = fake_server((200, completion()));
+    let out = tessera(
+        &[
+            "generate",
+            "--url",
+            &server.url,
+            "--prompt-tokens",
+            "1",
+            "--api-key",
+            "k-1",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let headers = server.headers.lock().expect("lock").clone();
+    assert!(
+        headers
+            .iter()
+            .all(|h| h.contains(&"authorization: Bearer k-1".to_owned())),
+        "{headers:?}"
+    );
 }
 
 #[test]

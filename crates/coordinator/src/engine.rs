@@ -7,14 +7,15 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tessera_comm::proto::{FinishReason, Sampling, WireError};
 use tokio::sync::mpsc;
 
 pub use tessera_comm::proto::TokenLogprobs;
 
-/// One sequence to generate, already validated and tokenized by the API layer.
-#[derive(Clone, Debug, PartialEq)]
+/// One sequence to generate, already validated and tokenized by the API layer (and, as
+/// accepted, journaled in the replicated state).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenerateRequest {
     /// The topology's model name.
     pub model: String,

@@ -7,12 +7,13 @@
 //! - [`cluster`]: the groups by model; implements [`engine::Engine`] for the API.
 //! - [`api`]: the OpenAI-compatible HTTP API over any [`engine::Engine`].
 //! - [`metrics`]: Prometheus metric names and the recorder behind `GET /metrics`.
-//!
-//! One coordinator peer for now; Raft replication comes later.
+//! - [`replication`]: the Raft group of coordinator peers — its durable log store so far;
+//!   the replicated state machine and the node driver come next.
 
 pub mod api;
 pub mod cluster;
 pub mod engine;
 pub mod group;
 pub mod metrics;
+pub mod replication;
 pub mod server;

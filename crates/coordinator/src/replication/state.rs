@@ -1,0 +1,269 @@
+//! The replicated state machine: what every coordinator peer agrees on, changed only by
+//! [`Command`]s committed in the Raft log, applied in log order by [`ClusterState::apply`].
+//!
+//! - members: each peer's id and addresses;
+//! - groups: each group's epoch and the shards registered in it;
+//! - the request journal: every accepted request (its tokens, parameters and priority), the
+//!   tokens checkpointed as sent to its client, and its completion. A finished request is
+//!   dropped by [`Command::Expire`] once its retention has passed, so the journal, and with
+//!   it every snapshot, stays bounded.
+//!
+//! `apply` is a pure function of the state and the command: no clock, no randomness (times
+//! come inside commands, from the proposing leader), so every peer that applies the same
+//! log holds the same state, and [`ClusterState::snapshot`] of one peer restores
+//! ([`ClusterState::restore`]) into exactly the state of the others.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tessera_comm::proto::FinishReason;
+use tessera_comm::wire;
+
+use crate::engine::GenerateRequest;
+
+/// A request's id: the `id` of its response object (`cmpl-…`, `chatcmpl-…`).
+pub type RequestId = String;
+
+/// The largest snapshot a peer encodes or accepts.
+pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_FRAME_BYTES;
+
+/// One change to the replicated state, as the leader proposes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// A coordinator peer's addresses (added, or changed on restart).
+    Member { id: u64, http: String, quic: String },
+    /// A shard registered in `group` at `epoch`.
+    ShardUp {
+        group: String,
+        rank: u32,
+        epoch: u64,
+        host: String,
+        pid: u32,
+    },
+    /// `group` is fenced: plans of an older epoch are refused from now on.
+    Fence { group: String, epoch: u64 },
+    /// A request is accepted: its stream may start once this is committed.
+    Accept {
+        id: RequestId,
+        request: GenerateRequest,
+        at_ms: u64,
+    },
+    /// Tokens sent to the client, from token `offset` of the completion on.
+    Progress {
+        id: RequestId,
+        offset: u32,
+        tokens: Vec<u32>,
+    },
+    /// The request ended (all its tokens were checkpointed before).
+    Finish {
+        id: RequestId,
+        reason: FinishReason,
+        at_ms: u64,
+    },
+    /// Drops every request that finished before `before_ms`.
+    Expire { before_ms: u64 },
+}
+
+/// What applying a command did. Anything but `Applied` left the state unchanged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    /// The request id is already in the journal (a retried proposal).
+    Duplicate,
+    /// A registration or fence of an epoch older than the group's.
+    StaleEpoch {
+        current: u64,
+    },
+    /// No such request in the journal (never accepted, or expired).
+    UnknownRequest,
+    /// Progress that would leave a gap, or that contradicts tokens already recorded.
+    BadProgress {
+        recorded: u32,
+    },
+}
+
+/// A coordinator peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub http: String,
+    pub quic: String,
+}
+
+/// A shard as last registered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub epoch: u64,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// A group's fencing epoch and shards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    pub epoch: u64,
+    pub shards: BTreeMap<u32, ShardRecord>,
+}
+
+/// One request of the journal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Journaled {
+    /// The log index of its acceptance: the order in which requests are resumed.
+    pub accepted_index: u64,
+    pub accepted_ms: u64,
+    pub request: GenerateRequest,
+    /// Completion tokens checkpointed as sent to the client.
+    pub sent: Vec<u32>,
+    pub finished: Option<(FinishReason, u64)>,
+}
+
+/// Everything the peers replicate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// The index of the last applied entry.
+    pub applied: u64,
+    pub members: BTreeMap<u64, Member>,
+    pub groups: BTreeMap<String, GroupRecord>,
+    pub journal: BTreeMap<RequestId, Journaled>,
+}
+
+impl ClusterState {
+    /// Applies the command of log entry `index`. Entries at or below
+    /// [`ClusterState::applied`] were applied already (a replay after a restart) and
+    /// change nothing.
+    pub fn apply(&mut self, index: u64, command: &Command) -> Outcome {
+        if index <= self.applied {
+            return Outcome::Applied;
+        }
+        self.applied = index;
+        match command {
+            Command::Member { id, http, quic } => {
+                self.members.insert(
+                    *id,
+                    Member {
+                        http: http.clone(),
+                        quic: quic.clone(),
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::ShardUp {
+                group,
+                rank,
+                epoch,
+                host,
+                pid,
+            } => {
+                let current = self.groups.get(group).map_or(0, |g| g.epoch);
+                if *epoch < current {
+                    return Outcome::StaleEpoch { current };
+                }
+                let record = self.groups.entry(group.clone()).or_default();
+                record.epoch = *epoch;
+                record.shards.insert(
+                    *rank,
+                    ShardRecord {
+                        epoch: *epoch,
+                        host: host.clone(),
+                        pid: *pid,
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::Fence { group, epoch } => {
+                let current = self.groups.get(group).map_or(0, |g| g.epoch);
+                if *epoch <= current {
+                    return Outcome::StaleEpoch { current };
+                }
+                let record = self.groups.entry(group.clone()).or_default();
+                record.epoch = *epoch;
+                // Shards of older epochs must register again.
+                record.shards.clear();
+                Outcome::Applied
+            }
+            Command::Accept { id, request, at_ms } => {
+                if self.journal.contains_key(id) {
+                    return Outcome::Duplicate;
+                }
+                self.journal.insert(
+                    id.clone(),
+                    Journaled {
+                        accepted_index: index,
+                        accepted_ms: *at_ms,
+                        request: request.clone(),
+                        sent: Vec::new(),
+                        finished: None,
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::Progress { id, offset, tokens } => {
+                let Some(entry) = self.journal.get_mut(id) else {
+                    return Outcome::UnknownRequest;
+                };
+                progress(&mut entry.sent, *offset as usize, tokens)
+            }
+            Command::Finish { id, reason, at_ms } => {
+                let Some(entry) = self.journal.get_mut(id) else {
+                    return Outcome::UnknownRequest;
+                };
+                if entry.finished.is_none() {
+                    entry.finished = Some((*reason, *at_ms));
+                }
+                Outcome::Applied
+            }
+            Command::Expire { before_ms } => {
+                self.journal
+                    .retain(|_, j| j.finished.is_none_or(|(_, at)| at >= *before_ms));
+                Outcome::Applied
+            }
+        }
+    }
+
+    /// The requests still to finish, in the order they were accepted.
+    pub fn unfinished(&self) -> Vec<(&RequestId, &Journaled)> {
+        let mut open: Vec<_> = self
+            .journal
+            .iter()
+            .filter(|(_, j)| j.finished.is_none())
+            .collect();
+        open.sort_by_key(|(_, j)| j.accepted_index);
+        open
+    }
+
+    /// The state as snapshot bytes.
+    pub fn snapshot(&self) -> Result<Vec<u8>, tessera_comm::CommError> {
+        wire::encode(self)
+    }
+
+    /// The state a snapshot holds; refuses more than [`MAX_SNAPSHOT_BYTES`].
+    pub fn restore(bytes: &[u8]) -> Result<ClusterState, tessera_comm::CommError> {
+        if bytes.is_empty() {
+            // The empty snapshot of a peer that has never compacted.
+            return Ok(ClusterState::default());
+        }
+        wire::decode(bytes, MAX_SNAPSHOT_BYTES)
+    }
+}
+
+/// Records `tokens` as sent from `offset` on: a retried checkpoint that overlaps what is
+/// recorded adds only its new tokens; one that would leave a gap, or that disagrees with
+/// recorded tokens, changes nothing.
+fn progress(sent: &mut Vec<u32>, offset: usize, tokens: &[u32]) -> Outcome {
+    let recorded = sent.len();
+    if offset > recorded {
+        return Outcome::BadProgress {
+            recorded: recorded as u32,
+        };
+    }
+    let overlap = (recorded - offset).min(tokens.len());
+    if sent[offset..offset + overlap] != tokens[..overlap] {
+        return Outcome::BadProgress {
+            recorded: recorded as u32,
+        };
+    }
+    sent.extend_from_slice(&tokens[overlap..]);
+    Outcome::Applied
+}
+
+#[cfg(test)]
+mod tests;

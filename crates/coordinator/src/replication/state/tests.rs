@@ -1,0 +1,211 @@
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera_comm::proto::{FinishReason, Sampling};
+
+use super::*;
+
+fn request(prompt: &[u32]) -> GenerateRequest {
+    GenerateRequest {
+        model: "m".into(),
+        prompt: prompt.to_vec(),
+        max_tokens: 16,
+        sampling: Sampling::default(),
+        stop_token_ids: vec![2],
+        priority: 0,
+    }
+}
+
+fn accept(id: &str, at_ms: u64) -> Command {
+    Command::Accept {
+        id: id.into(),
+        request: request(&[1, 2, 3]),
+        at_ms,
+    }
+}
+
+fn progress(id: &str, offset: u32, tokens: &[u32]) -> Command {
+    Command::Progress {
+        id: id.into(),
+        offset,
+        tokens: tokens.to_vec(),
+    }
+}
+
+fn finish(id: &str, at_ms: u64) -> Command {
+    Command::Finish {
+        id: id.into(),
+        reason: FinishReason::Stop,
+        at_ms,
+    }
+}
+
+/// Applies `commands` as entries 1, 2, ...; returns the outcomes.
+fn run(state: &mut ClusterState, commands: &[Command]) -> Vec<Outcome> {
+    let first = state.applied + 1;
+    commands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| state.apply(first + i as u64, c))
+        .collect()
+}
+
+#[test]
+fn the_journal_records_acceptance_progress_and_completion() {
+    let mut s = ClusterState::default();
+    let outcomes = run(
+        &mut s,
+        &[
+            accept("cmpl-a", 10),
+            accept("cmpl-b", 11),
+            progress("cmpl-a", 0, &[7, 8]),
+            // A retried checkpoint overlapping what is recorded adds only the new token.
+            progress("cmpl-a", 1, &[8, 9]),
+            accept("cmpl-a", 12),
+            finish("cmpl-b", 20),
+        ],
+    );
+    assert_eq!(outcomes[4], Outcome::Duplicate);
+    assert!(outcomes.iter().take(4).all(|o| *o == Outcome::Applied));
+    assert_eq!(s.journal["cmpl-a"].sent, [7, 8, 9]);
+    assert_eq!(s.journal["cmpl-a"].accepted_index, 1);
+    let open: Vec<&str> = s.unfinished().iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(open, ["cmpl-a"]);
+}
+
+#[test]
+fn progress_never_leaves_a_gap_or_rewrites_a_token() {
+    let mut s = ClusterState::default();
+    run(&mut s, &[accept("r", 0), progress("r", 0, &[1, 2, 3])]);
+    let gap = s.apply(3, &progress("r", 5, &[6]));
+    assert_eq!(gap, Outcome::BadProgress { recorded: 3 });
+    let rewrite = s.apply(4, &progress("r", 2, &[9, 4]));
+    assert_eq!(rewrite, Outcome::BadProgress { recorded: 3 });
+    assert_eq!(s.journal["r"].sent, [1, 2, 3]);
+    assert_eq!(
+        s.apply(5, &progress("nobody", 0, &[1])),
+        Outcome::UnknownRequest
+    );
+}
+
+#[test]
+fn epochs_only_move_forward() {
+    let mut s = ClusterState::default();
+    let up = |epoch, rank| Command::ShardUp {
+        group: "g".into(),
+        rank,
+        epoch,
+        host: "h".into(),
+        pid: 100 + rank,
+    };
+    let fence = |epoch| Command::Fence {
+        group: "g".into(),
+        epoch,
+    };
+    let outcomes = run(
+        &mut s,
+        &[up(1, 0), up(1, 1), fence(2), up(1, 0), fence(2), up(2, 1)],
+    );
+    assert_eq!(outcomes[3], Outcome::StaleEpoch { current: 2 });
+    assert_eq!(outcomes[4], Outcome::StaleEpoch { current: 2 });
+    let g = &s.groups["g"];
+    assert_eq!(g.epoch, 2);
+    // The fence dropped the epoch-1 shards; only rank 1 registered again.
+    assert_eq!(g.shards.keys().copied().collect::<Vec<_>>(), [1]);
+}
+
+#[test]
+fn expiry_drops_only_requests_finished_before_the_cutoff() {
+    let mut s = ClusterState::default();
+    run(
+        &mut s,
+        &[
+            accept("old", 0),
+            accept("new", 0),
+            accept("open", 0),
+            finish("old", 100),
+            finish("new", 500),
+            Command::Expire { before_ms: 200 },
+        ],
+    );
+    let ids: Vec<&str> = s.journal.keys().map(String::as_str).collect();
+    assert_eq!(ids, ["new", "open"]);
+}
+
+#[test]
+fn a_replayed_entry_changes_nothing() {
+    let mut s = ClusterState::default();
+    run(&mut s, &[accept("r", 0), progress("r", 0, &[1])]);
+    let before = s.clone();
+    assert_eq!(s.apply(2, &progress("r", 1, &[2])), Outcome::Applied);
+    assert_eq!(s, before);
+}
+
+fn random_command(rng: &mut StdRng) -> Command {
+    let id = format!("r{}", rng.random_range(0..6));
+    match rng.random_range(0..7) {
+        0 => accept(&id, rng.random_range(0..1000)),
+        1 | 2 => {
+            let offset = rng.random_range(0..6);
+            let tokens: Vec<u32> = (offset..offset + rng.random_range(0..4)).collect();
+            progress(&id, offset, &tokens)
+        }
+        3 => finish(&id, rng.random_range(0..1000)),
+        4 => Command::Expire {
+            before_ms: rng.random_range(0..1000),
+        },
+        5 => Command::Fence {
+            group: "g".into(),
+            epoch: rng.random_range(0..5),
+        },
+        _ => Command::ShardUp {
+            group: "g".into(),
+            rank: rng.random_range(0..3),
+            epoch: rng.random_range(0..5),
+            host: "h".into(),
+            pid: 1,
+        },
+    }
+}
+
+#[test]
+fn random_logs_keep_the_invariants_and_snapshots_restore_exactly() {
+    for seed in 0..200 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut s = ClusterState::default();
+        let mut epoch = 0;
+        for index in 1..=60 {
+            let command = random_command(&mut rng);
+            let before = s.clone();
+            let outcome = s.apply(index, &command);
+            if outcome != Outcome::Applied {
+                let mut unchanged = before.clone();
+                unchanged.applied = index;
+                assert_eq!(s, unchanged, "seed {seed}: {outcome:?} changed the state");
+            }
+            // Epochs never go back; checkpointed tokens are never lost or rewritten.
+            let now = s.groups.get("g").map_or(0, |g| g.epoch);
+            assert!(now >= epoch, "seed {seed}");
+            epoch = now;
+            for (id, j) in &before.journal {
+                if let Some(after) = s.journal.get(id) {
+                    assert!(after.sent.starts_with(&j.sent), "seed {seed}: {id}");
+                }
+            }
+            // Progress tokens equal their offsets here, so any gap or rewrite shows.
+            for j in s.journal.values() {
+                assert!(j.sent.iter().enumerate().all(|(i, t)| *t == i as u32));
+            }
+            // A peer restored from a snapshot is the same state.
+            let restored = ClusterState::restore(&s.snapshot().unwrap()).unwrap();
+            assert_eq!(restored, s, "seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn garbage_snapshots_are_refused() {
+    assert!(ClusterState::restore(&[0xff; 64]).is_err());
+    assert_eq!(ClusterState::restore(&[]).unwrap(), ClusterState::default());
+    let oversized = vec![0u8; MAX_SNAPSHOT_BYTES + 1];
+    assert!(ClusterState::restore(&oversized).is_err());
+}
