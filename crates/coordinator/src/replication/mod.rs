@@ -4,7 +4,14 @@
 //!   raft-rs's `Storage`.
 //! - [`state`]: the replicated state machine — members, groups and epochs, the request
 //!   journal — a pure `apply` of committed commands.
+//! - [`peer`]: one peer's Raft core (raft-rs `RawNode`, the store and the state),
+//!   synchronous and deterministic, checked by a simulation with a simulated network.
+//! - [`linearizable`]: the linearizability checker the simulation's histories go through.
+//! - [`log`]: raft-rs's `slog` records forwarded to `tracing`.
 
+pub mod linearizable;
+pub mod log;
+pub mod peer;
 pub mod state;
 pub mod store;
 

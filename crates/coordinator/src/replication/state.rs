@@ -32,6 +32,8 @@ pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_FRAME_BYTES;
 pub enum Command {
     /// A coordinator peer's addresses (added, or changed on restart).
     Member { id: u64, http: String, quic: String },
+    /// A coordinator peer left the configuration.
+    Leave { id: u64 },
     /// A shard registered in `group` at `epoch`.
     ShardUp {
         group: String,
@@ -144,6 +146,10 @@ impl ClusterState {
                         quic: quic.clone(),
                     },
                 );
+                Outcome::Applied
+            }
+            Command::Leave { id } => {
+                self.members.remove(id);
                 Outcome::Applied
             }
             Command::ShardUp {

@@ -79,11 +79,30 @@ impl LogStore {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<LogStore, StoreError> {
         let name: Arc<str> = path.display().to_string().into();
+        let db = Database::create(path).map_err(|e| StoreError::Db {
+            path: name.to_string(),
+            source: Box::new(e.into()),
+        })?;
+        LogStore::with_database(db, name)
+    }
+
+    /// A store in memory, named `name` in errors: what a simulated peer keeps across its
+    /// simulated crashes (the same code as on disk, without the disk).
+    pub fn in_memory(name: &str) -> Result<LogStore, StoreError> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| StoreError::Db {
+                path: name.to_owned(),
+                source: Box::new(e.into()),
+            })?;
+        LogStore::with_database(db, name.into())
+    }
+
+    fn with_database(db: Database, name: Arc<str>) -> Result<LogStore, StoreError> {
         let db_err = |e: redb::Error| StoreError::Db {
             path: name.to_string(),
             source: Box::new(e),
         };
-        let db = Database::create(path).map_err(|e| db_err(e.into()))?;
         // Create both tables, so that reads never meet a missing one.
         let txn = db.begin_write().map_err(|e| db_err(e.into()))?;
         txn.open_table(ENTRIES).map_err(|e| db_err(e.into()))?;
@@ -187,14 +206,13 @@ impl LogStore {
         Ok(())
     }
 
-    /// Records the commit index alone (a `LightReady`'s).
-    pub fn set_commit(&self, commit: u64) -> Result<(), StoreError> {
-        let mut hs = self.mirror.read().expect("mirror lock").hard_state.clone();
-        if hs.commit == commit {
-            return Ok(());
-        }
-        hs.commit = commit;
-        self.persist(&[], Some(&hs))
+    /// Records the commit index alone (a `LightReady`'s) in memory; it reaches the disk
+    /// with the next write. Nothing is lost when a crash comes first: the committed
+    /// entries are on disk, and a restarted peer learns the commit index from the leader
+    /// (or, alone, commits them again in its next term).
+    pub fn set_commit(&self, commit: u64) {
+        let mut mirror = self.mirror.write().expect("mirror lock");
+        mirror.hard_state.commit = mirror.hard_state.commit.max(commit);
     }
 
     /// Records a membership change.

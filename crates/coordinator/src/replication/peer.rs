@@ -1,0 +1,418 @@
+//! One coordinator peer's Raft state machine, synchronous and deterministic: a raft-rs
+//! `RawNode` over the peer's [`LogStore`], and the [`ClusterState`] its committed entries
+//! build. It never sleeps, spawns or reads a clock: its driver calls [`Peer::tick`] every
+//! [`TICK`], hands it the messages that arrive ([`Peer::step`]) and the commands to propose
+//! ([`Peer::propose`]), and after each of these calls [`Peer::advance`], which persists
+//! what Raft needs durable (fsync) *before* it returns the messages that depend on it,
+//! applies committed entries and says which of them this peer proposed.
+//!
+//! The same core runs under the tokio driver ([`super::node`]) and under the tests'
+//! deterministic simulation with a simulated network.
+
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Message, Snapshot};
+use raft::{Config, RawNode, StateRole, Storage};
+use serde::{Deserialize, Serialize};
+use tessera_comm::wire;
+
+use super::state::{ClusterState, Command, Outcome};
+use super::store::{LogStore, StoreError};
+
+/// How often the driver ticks the peer.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Ticks without a leader's heartbeat before a follower campaigns (randomized up to
+/// twice as many), and without a quorum's answer before a leader steps down.
+pub const ELECTION_TICKS: usize = 10;
+/// Ticks between a leader's heartbeats.
+pub const HEARTBEAT_TICKS: usize = 1;
+/// Applied entries kept in the log before it is compacted into a snapshot.
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 1_000;
+/// The largest command a peer proposes or decodes from a committed entry.
+pub const MAX_COMMAND_BYTES: usize = wire::MAX_FRAME_BYTES;
+
+/// Why a peer stopped: its store failed, or Raft refused to start. Either way it must be
+/// restarted (from its store) rather than go on with a state it cannot trust.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("the replicated state does not decode: {0}")]
+    State(#[from] tessera_comm::CommError),
+}
+
+/// Why a proposal was not taken. It was not, and never will be, applied.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProposeError {
+    #[error("no leader is known (an election is under way)")]
+    NoLeader,
+    #[error("the command is {bytes} bytes; the limit is {MAX_COMMAND_BYTES}")]
+    TooLarge { bytes: usize },
+    #[error("the proposal was dropped: {0}")]
+    Dropped(String),
+}
+
+/// Who proposed an entry, to tell the proposer when it is applied: the proposing peer, its
+/// incarnation (a fresh number each time it starts, so that numbers from before a restart
+/// never match) and a sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProposalId {
+    pub peer: u64,
+    pub incarnation: u64,
+    pub seq: u64,
+}
+
+/// A membership change: `Join` adds a voter with its addresses, `Leave` removes one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembershipChange {
+    Join { id: u64, http: String, quic: String },
+    Leave { id: u64 },
+}
+
+/// A committed entry as this peer applied it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub index: u64,
+    pub term: u64,
+    /// Set when this incarnation of this peer proposed it.
+    pub proposal: Option<ProposalId>,
+    pub command: Command,
+    pub outcome: Outcome,
+}
+
+/// What one [`Peer::advance`] produced.
+#[derive(Debug, Default)]
+pub struct Advanced {
+    /// Raft messages to send, each to its `to` peer; everything they promise is on disk.
+    pub messages: Vec<Message>,
+    /// Entries applied, in log order.
+    pub applied: Vec<Applied>,
+    /// Set when a snapshot from the leader replaced the whole state.
+    pub restored: bool,
+}
+
+/// The peer's role and term, as `GET /v1/cluster` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Role {
+    pub id: u64,
+    pub term: u64,
+    /// 0 while no leader is known.
+    pub leader: u64,
+    pub state: StateRole,
+}
+
+impl Role {
+    pub fn is_leader(&self) -> bool {
+        self.state == StateRole::Leader
+    }
+}
+
+/// One peer: Raft, its store and the replicated state.
+pub struct Peer {
+    node: RawNode<LogStore>,
+    state: ClusterState,
+    incarnation: u64,
+    next_seq: u64,
+    snapshot_every: u64,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("role", &self.role())
+            .field("applied", &self.state.applied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peer {
+    /// Starts peer `id` from `store`. A store that has never held a configuration is
+    /// bootstrapped with `voters` (the topology's peers; the same on each of them); a
+    /// peer joining a running cluster passes no voters and learns the configuration from
+    /// the leader. The state is the store's snapshot; the entries after it are applied
+    /// again as Raft hands them out.
+    pub fn start(
+        id: u64,
+        voters: &[u64],
+        store: LogStore,
+        incarnation: u64,
+        logger: &slog::Logger,
+    ) -> Result<Peer, PeerError> {
+        let initial = store.initial_state()?;
+        if initial.conf_state.voters.is_empty() && !voters.is_empty() {
+            store.set_conf_state(&ConfState::from((voters.to_vec(), vec![])))?;
+        }
+        let snapshot = store.snapshot(0, id)?;
+        let state = if snapshot.get_data().is_empty() {
+            ClusterState::default()
+        } else {
+            ClusterState::restore(snapshot.get_data())?
+        };
+        let config = Config {
+            id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            applied: snapshot.get_metadata().index,
+            pre_vote: true,
+            check_quorum: true,
+            max_size_per_msg: 1024 * 1024,
+            max_inflight_msgs: 256,
+            ..Config::default()
+        };
+        config.validate()?;
+        let node = RawNode::new(&config, store, logger)?;
+        Ok(Peer {
+            node,
+            state,
+            incarnation,
+            next_seq: 0,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        })
+    }
+
+    /// Compacts the log every `entries` applied entries instead of the default.
+    pub fn with_snapshot_every(mut self, entries: u64) -> Peer {
+        self.snapshot_every = entries.max(1);
+        self
+    }
+
+    pub fn id(&self) -> u64 {
+        self.node.raft.id
+    }
+
+    pub fn role(&self) -> Role {
+        Role {
+            id: self.node.raft.id,
+            term: self.node.raft.term,
+            leader: self.node.raft.leader_id,
+            state: self.node.raft.state,
+        }
+    }
+
+    /// The replicated state as of the last applied entry.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// The voters of the last applied configuration.
+    pub fn voters(&self) -> Vec<u64> {
+        let mut voters = self
+            .node
+            .store()
+            .initial_state()
+            .map(|s| s.conf_state.voters)
+            .unwrap_or_default();
+        voters.sort_unstable();
+        voters
+    }
+
+    /// One tick of the logical clock ([`TICK`]).
+    pub fn tick(&mut self) {
+        self.node.tick();
+    }
+
+    /// A message from another peer. Messages from unknown or stale peers are Raft's to
+    /// ignore; an error here is a message Raft refuses, which changes nothing.
+    pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
+        self.node.step(message)
+    }
+
+    /// Tells Raft a message to `to` could not be sent (the peer is down or cut off); it
+    /// probes that peer again instead of streaming to it.
+    pub fn report_unreachable(&mut self, to: u64) {
+        self.node.report_unreachable(to);
+    }
+
+    /// Tells Raft whether a snapshot message reached `to`. Until it hears, the leader
+    /// sends that peer nothing else; a lost snapshot is sent again.
+    pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
+        let status = if delivered {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.node.report_snapshot(to, status);
+    }
+
+    /// Proposes `command`. It is applied (on every peer, in log order) once committed;
+    /// [`Advanced::applied`] names it with the returned id on this peer. A follower
+    /// forwards the proposal to its leader; a leader change can still drop it silently,
+    /// so a caller waits with a deadline.
+    pub fn propose(&mut self, command: &Command) -> Result<ProposalId, ProposeError> {
+        let data = wire::encode(command).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        if data.len() > MAX_COMMAND_BYTES {
+            return Err(ProposeError::TooLarge { bytes: data.len() });
+        }
+        let id = self.next_proposal();
+        let context = wire::encode(&id).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        self.node
+            .propose(context, data)
+            .map_err(|e| self.propose_error(e))?;
+        Ok(id)
+    }
+
+    /// Proposes a membership change (one voter at a time).
+    pub fn propose_membership(
+        &mut self,
+        change: &MembershipChange,
+    ) -> Result<ProposalId, ProposeError> {
+        let (node_id, change_type) = match change {
+            MembershipChange::Join { id, .. } => (*id, ConfChangeType::AddNode),
+            MembershipChange::Leave { id } => (*id, ConfChangeType::RemoveNode),
+        };
+        let id = self.next_proposal();
+        let context = wire::encode(&(id, change.clone()))
+            .map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        let mut cc = ConfChange::default();
+        cc.set_change_type(change_type);
+        cc.node_id = node_id;
+        cc.set_context(context.into());
+        self.node
+            .propose_conf_change(Vec::new(), cc)
+            .map_err(|e| self.propose_error(e))?;
+        Ok(id)
+    }
+
+    fn next_proposal(&mut self) -> ProposalId {
+        self.next_seq += 1;
+        ProposalId {
+            peer: self.id(),
+            incarnation: self.incarnation,
+            seq: self.next_seq,
+        }
+    }
+
+    fn propose_error(&self, error: raft::Error) -> ProposeError {
+        match error {
+            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => ProposeError::NoLeader,
+            other => ProposeError::Dropped(other.to_string()),
+        }
+    }
+
+    /// Hands out what Raft has ready: persists new entries and the hard state (one durable
+    /// transaction), installs a leader's snapshot, applies committed entries, and returns
+    /// the messages to send. Call it after every tick, step and proposal.
+    pub fn advance(&mut self) -> Result<Advanced, PeerError> {
+        let mut out = Advanced::default();
+        if !self.node.has_ready() {
+            return Ok(out);
+        }
+        let mut ready = self.node.ready();
+        // A leader's appends may go out before its own write (Raft §10.2.1): they promise
+        // nothing about this peer's disk.
+        out.messages.extend(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            self.install(ready.snapshot())?;
+            out.restored = true;
+        }
+        self.apply(ready.take_committed_entries(), &mut out)?;
+        self.node.store().persist(ready.entries(), ready.hs())?;
+        // Votes and acknowledgements: only now that what they promise is durable.
+        out.messages.extend(ready.take_persisted_messages());
+        let mut light = self.node.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.node.store().set_commit(commit);
+        }
+        out.messages.extend(light.take_messages());
+        self.apply(light.take_committed_entries(), &mut out)?;
+        self.node.advance_apply();
+        self.compact_if_due()?;
+        Ok(out)
+    }
+
+    fn install(&mut self, snapshot: &Snapshot) -> Result<(), PeerError> {
+        let state = ClusterState::restore(snapshot.get_data())?;
+        self.node.store().apply_snapshot(snapshot)?;
+        self.state = state;
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Advanced) -> Result<(), PeerError> {
+        for entry in entries {
+            if entry.index <= self.state.applied {
+                continue;
+            }
+            let applied = match entry.get_entry_type() {
+                EntryType::EntryNormal if entry.data.is_empty() => {
+                    // A new leader's empty entry.
+                    self.state.applied = entry.index;
+                    continue;
+                }
+                EntryType::EntryNormal => self.apply_command(&entry),
+                EntryType::EntryConfChange => self.apply_conf_change(&entry)?,
+                EntryType::EntryConfChangeV2 => {
+                    // Never proposed by Tessera; committed all the same, so skipped in step.
+                    self.state.applied = entry.index;
+                    continue;
+                }
+            };
+            match applied {
+                Some(applied) => out.applied.push(applied),
+                None => self.state.applied = entry.index,
+            }
+        }
+        Ok(())
+    }
+
+    /// A normal entry. One that does not decode (written by a different version) is
+    /// skipped on every peer alike, so the states stay equal.
+    fn apply_command(&mut self, entry: &Entry) -> Option<Applied> {
+        let command: Command = wire::decode(&entry.data, MAX_COMMAND_BYTES).ok()?;
+        let outcome = self.state.apply(entry.index, &command);
+        Some(Applied {
+            index: entry.index,
+            term: entry.term,
+            proposal: self.own_proposal(&entry.context),
+            command,
+            outcome,
+        })
+    }
+
+    fn apply_conf_change(&mut self, entry: &Entry) -> Result<Option<Applied>, PeerError> {
+        let Ok(cc) = ConfChange::parse_from_bytes(&entry.data) else {
+            return Ok(None);
+        };
+        let conf_state = self.node.apply_conf_change(&cc)?;
+        self.node.store().set_conf_state(&conf_state)?;
+        let Ok((proposal, change)) =
+            wire::decode::<(ProposalId, MembershipChange)>(cc.get_context(), MAX_COMMAND_BYTES)
+        else {
+            return Ok(None);
+        };
+        let command = match change {
+            MembershipChange::Join { id, http, quic } => Command::Member { id, http, quic },
+            MembershipChange::Leave { id } => Command::Leave { id },
+        };
+        let outcome = self.state.apply(entry.index, &command);
+        let mine = proposal.peer == self.id() && proposal.incarnation == self.incarnation;
+        Ok(Some(Applied {
+            index: entry.index,
+            term: entry.term,
+            proposal: mine.then_some(proposal),
+            command,
+            outcome,
+        }))
+    }
+
+    fn own_proposal(&self, context: &[u8]) -> Option<ProposalId> {
+        let id: ProposalId = wire::decode(context, MAX_COMMAND_BYTES).ok()?;
+        (id.peer == self.id() && id.incarnation == self.incarnation).then_some(id)
+    }
+
+    /// Replaces the applied log with a snapshot once enough entries have piled up.
+    fn compact_if_due(&mut self) -> Result<(), PeerError> {
+        let first = self.node.store().first_index()?;
+        if self.state.applied + 1 < first + self.snapshot_every {
+            return Ok(());
+        }
+        let data = self.state.snapshot()?;
+        self.node.store().compact(self.state.applied, data)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod sim;
