@@ -6,11 +6,14 @@
 //!   journal — a pure `apply` of committed commands.
 //! - [`peer`]: one peer's Raft core (raft-rs `RawNode`, the store and the state),
 //!   synchronous and deterministic, checked by a simulation with a simulated network.
+//! - [`node`]: the driver of a peer — its own thread, ticks, a transport — and the handle
+//!   callers propose through.
 //! - [`linearizable`]: the linearizability checker the simulation's histories go through.
 //! - [`log`]: raft-rs's `slog` records forwarded to `tracing`.
 
 pub mod linearizable;
 pub mod log;
+pub mod node;
 pub mod peer;
 pub mod state;
 pub mod store;

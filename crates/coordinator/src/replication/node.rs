@@ -1,0 +1,268 @@
+//! The driver of one [`Peer`]: a thread of its own (its store fsyncs, which must not
+//! block the async runtime) that ticks the peer every [`TICK`], feeds it the messages and
+//! proposals that arrive, and after each hands the messages it produced to a
+//! [`Transport`]. Callers hold a [`NodeHandle`]: they propose commands and wait for them
+//! to be applied, watch the peer's role, and watch the replicated state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use raft::prelude::{Message, MessageType};
+use tokio::sync::{oneshot, watch};
+use tracing::{error, info};
+
+use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposeError, Role, TICK};
+use super::state::{ClusterState, Command};
+
+/// Where a peer's messages go. Sending never blocks: a transport queues, and reports a
+/// message it could not deliver through [`NodeHandle::unreachable`].
+pub trait Transport: Send + 'static {
+    fn send(&mut self, message: Message);
+}
+
+/// Why a proposal did not complete.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProposalError {
+    #[error(transparent)]
+    Refused(#[from] ProposeError),
+    /// It may still be applied later: its outcome is unknown.
+    #[error("the proposal was not applied within {0:?} (a leader change may have lost it)")]
+    Timeout(Duration),
+    #[error("the raft peer has stopped")]
+    Stopped,
+}
+
+enum Input {
+    Raft(Message),
+    Propose(Proposal, oneshot::Sender<Result<Applied, ProposalError>>),
+    Unreachable { to: u64, snapshot: bool },
+    SnapshotSent { to: u64 },
+    Stop,
+}
+
+enum Proposal {
+    Command(Command),
+    Membership(MembershipChange),
+}
+
+/// A running peer.
+#[derive(Clone)]
+pub struct NodeHandle {
+    inputs: mpsc::Sender<Input>,
+    role: watch::Receiver<Role>,
+    state: watch::Receiver<Arc<ClusterState>>,
+    thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for NodeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHandle")
+            .field("role", &*self.role.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeHandle {
+    /// A message from another peer.
+    pub fn receive(&self, message: Message) {
+        let _ = self.inputs.send(Input::Raft(message));
+    }
+
+    /// A message to `to` was not delivered.
+    pub fn unreachable(&self, to: u64, was_snapshot: bool) {
+        let _ = self.inputs.send(Input::Unreachable {
+            to,
+            snapshot: was_snapshot,
+        });
+    }
+
+    /// A snapshot message reached `to`.
+    pub fn snapshot_sent(&self, to: u64) {
+        let _ = self.inputs.send(Input::SnapshotSent { to });
+    }
+
+    /// Proposes `command` and waits until this peer has applied it, for `timeout` at most.
+    pub async fn propose(
+        &self,
+        command: Command,
+        timeout: Duration,
+    ) -> Result<Applied, ProposalError> {
+        self.submit(Proposal::Command(command), timeout).await
+    }
+
+    /// Proposes a membership change and waits until it is applied here.
+    pub async fn change_membership(
+        &self,
+        change: MembershipChange,
+        timeout: Duration,
+    ) -> Result<Applied, ProposalError> {
+        self.submit(Proposal::Membership(change), timeout).await
+    }
+
+    async fn submit(
+        &self,
+        proposal: Proposal,
+        timeout: Duration,
+    ) -> Result<Applied, ProposalError> {
+        let (tx, rx) = oneshot::channel();
+        self.inputs
+            .send(Input::Propose(proposal, tx))
+            .map_err(|_| ProposalError::Stopped)?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(ProposalError::Stopped),
+            Err(_) => Err(ProposalError::Timeout(timeout)),
+        }
+    }
+
+    /// The peer's role and term, updated as they change.
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.role.clone()
+    }
+
+    /// The replicated state, updated after each batch of applied entries.
+    pub fn state(&self) -> watch::Receiver<Arc<ClusterState>> {
+        self.state.clone()
+    }
+
+    /// Stops the peer and waits for its thread (what a crash or a shutdown leaves: the
+    /// store holds everything it acknowledged).
+    pub fn stop(&self) {
+        let _ = self.inputs.send(Input::Stop);
+        let thread = self.thread.lock().expect("thread lock").take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Starts driving `peer`, sending its messages through `transport`.
+pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandle> {
+    let (inputs, rx) = mpsc::channel();
+    let (role_tx, role) = watch::channel(peer.role());
+    let (state_tx, state) = watch::channel(Arc::new(peer.state().clone()));
+    let name = format!("raft-{}", peer.id());
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        Driver {
+            peer,
+            transport,
+            waiting: HashMap::new(),
+            role: role_tx,
+            state: state_tx,
+        }
+        .run(&rx);
+    })?;
+    Ok(NodeHandle {
+        inputs,
+        role,
+        state,
+        thread: Arc::new(std::sync::Mutex::new(Some(thread))),
+    })
+}
+
+struct Driver<T> {
+    peer: Peer,
+    transport: T,
+    waiting: HashMap<ProposalId, oneshot::Sender<Result<Applied, ProposalError>>>,
+    role: watch::Sender<Role>,
+    state: watch::Sender<Arc<ClusterState>>,
+}
+
+impl<T: Transport> Driver<T> {
+    fn run(mut self, inputs: &mpsc::Receiver<Input>) {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            match inputs.recv_timeout(wait) {
+                Ok(Input::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Ok(input) => self.handle(input),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.peer.tick();
+                    next_tick += TICK;
+                }
+            }
+            if let Err(e) = self.advance() {
+                // The store failed: stop taking part rather than act on a state that may
+                // not be on disk. A restart recovers from what is.
+                error!(peer = self.peer.id(), error = %e, "raft peer stopped");
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Raft(message) => {
+                let _ = self.peer.step(message);
+            }
+            Input::Propose(proposal, reply) => {
+                let proposed = match &proposal {
+                    Proposal::Command(command) => self.peer.propose(command),
+                    Proposal::Membership(change) => self.peer.propose_membership(change),
+                };
+                match proposed {
+                    Ok(id) => {
+                        self.waiting.insert(id, reply);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e.into()));
+                    }
+                }
+            }
+            Input::Unreachable { to, snapshot } => {
+                self.peer.report_unreachable(to);
+                if snapshot {
+                    self.peer.report_snapshot(to, false);
+                }
+            }
+            Input::SnapshotSent { to } => self.peer.report_snapshot(to, true),
+            Input::Stop => {}
+        }
+    }
+
+    fn advance(&mut self) -> Result<(), super::peer::PeerError> {
+        let out = self.peer.advance()?;
+        for message in out.messages {
+            self.transport.send(message);
+        }
+        let changed = out.restored || !out.applied.is_empty();
+        for applied in out.applied {
+            if let Some(id) = applied.proposal
+                && let Some(reply) = self.waiting.remove(&id)
+            {
+                let _ = reply.send(Ok(applied));
+            }
+        }
+        // Callers that gave up: forget them.
+        self.waiting.retain(|_, reply| !reply.is_closed());
+        if changed {
+            self.state.send_replace(Arc::new(self.peer.state().clone()));
+        }
+        let role = self.peer.role();
+        let before = *self.role.borrow();
+        if (role.leader, role.term, role.state) != (before.leader, before.term, before.state) {
+            if role.leader != before.leader || role.term != before.term {
+                info!(
+                    peer = role.id,
+                    term = role.term,
+                    leader = role.leader,
+                    role = ?role.state,
+                    "raft leadership"
+                );
+            }
+            self.role.send_replace(role);
+        }
+        Ok(())
+    }
+}
+
+/// Whether a message carries a snapshot (its delivery must be reported).
+pub fn is_snapshot(message: &Message) -> bool {
+    message.get_msg_type() == MessageType::MsgSnapshot
+}
+
+#[cfg(test)]
+mod tests;
