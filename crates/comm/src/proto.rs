@@ -11,6 +11,9 @@
 //! `StepDone`)* … A failure anywhere is `Failed`; the coordinator then fences the group (a
 //! new epoch) and, once every rank is connected again, sends a fresh `Assign`. Every plan
 //! carries (term, epoch); a shard drops plans from an older one.
+//!
+//! Only the Raft leader among the coordinator peers drives shards: the others answer
+//! `Register` with [`CoordinatorMsg::NotLeader`], and the shard moves on to the leader.
 
 use std::fmt;
 
@@ -20,7 +23,7 @@ use tessera_topology::Rank;
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// A sequence: one generation stream of a request, unique within a coordinator term.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -154,6 +157,12 @@ pub enum CoordinatorMsg {
     /// Registration refused; the connection closes after this message.
     Refused {
         error: WireError,
+    },
+    /// This coordinator peer is not the Raft leader: register with `leader` (a peer id of
+    /// the topology) when one is known, else try the other peers. The connection closes
+    /// after this message.
+    NotLeader {
+        leader: Option<u64>,
     },
 }
 

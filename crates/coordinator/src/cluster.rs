@@ -156,7 +156,11 @@ fn pick(loads: &[Load], preferred: Option<usize>) -> Option<usize> {
 }
 
 impl Engine for Cluster {
-    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
+    fn generate(
+        &self,
+        _id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         Box::pin(async move {
             let group = self.route(&request).ok_or_else(|| WireError {
                 class: ErrorClass::InvalidRequest,
@@ -181,6 +185,7 @@ impl Engine for Cluster {
 
     fn status(&self) -> ClusterStatus {
         ClusterStatus {
+            peers: Vec::new(),
             groups: self.groups.values().map(GroupHandle::status).collect(),
         }
     }

@@ -84,10 +84,16 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Runs generation requests.
 pub trait Engine: Send + Sync + 'static {
-    /// Queues `request` on a group of its model and returns its token stream. Errors carry
-    /// their class: `CapacityExhausted` when every queue is full (HTTP 429), `InvalidRequest`
-    /// when it could never fit the group's KV cache, `Unavailable` when no group can take it.
-    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>>;
+    /// Queues `request` on a group of its model and returns its token stream. `id` names
+    /// it in the request journal: the response's id, with `/N` for choice N > 0. Errors
+    /// carry their class: `CapacityExhausted` when every queue is full (HTTP 429),
+    /// `InvalidRequest` when it could never fit the group's KV cache, `Unavailable` when no
+    /// group can take it.
+    fn generate(
+        &self,
+        id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>>;
 
     /// Whether a request for `model` would be queued now: `Err` with `CapacityExhausted`
     /// when every group's waiting queue is full. Cheap; the API asks before tokenizing.
@@ -103,7 +109,25 @@ pub trait Engine: Send + Sync + 'static {
 /// The live state of the cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ClusterStatus {
+    /// The coordinator peers, as this peer sees them (empty without replication).
+    pub peers: Vec<PeerStatus>,
     pub groups: Vec<GroupStatus>,
+}
+
+/// One coordinator peer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PeerStatus {
+    pub id: u64,
+    /// Its HTTP API.
+    pub http: String,
+    /// `leader`, `follower`, or `unknown` while no leader is known.
+    pub role: &'static str,
+    /// The Raft term as this peer knows it.
+    pub term: u64,
+    /// Its process id, once it has announced itself.
+    pub pid: Option<u32>,
+    /// True for the peer that answered.
+    pub this: bool,
 }
 
 /// One tensor-parallel group.

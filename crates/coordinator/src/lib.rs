@@ -7,13 +7,15 @@
 //! - [`cluster`]: the groups by model; implements [`engine::Engine`] for the API.
 //! - [`api`]: the OpenAI-compatible HTTP API over any [`engine::Engine`].
 //! - [`metrics`]: Prometheus metric names and the recorder behind `GET /metrics`.
-//! - [`replication`]: the Raft group of coordinator peers — its durable log store so far;
-//!   the replicated state machine and the node driver come next.
+//! - [`replication`]: the Raft group of coordinator peers: log store, replicated state,
+//!   peer core, driver and transport.
+//! - [`leader`]: drives the groups while this peer leads, and journals every request.
 
 pub mod api;
 pub mod cluster;
 pub mod engine;
 pub mod group;
+pub mod leader;
 pub mod metrics;
 pub mod replication;
 pub mod server;

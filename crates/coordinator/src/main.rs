@@ -1,6 +1,7 @@
-//! `tessera-coordinator`: one coordinator peer. Reads the topology, accepts the shards'
-//! control connections, drives every group and serves the HTTP API until SIGTERM or
-//! Ctrl-C.
+//! `tessera-coordinator`: one coordinator peer. Reads the topology, joins the Raft group
+//! of the topology's coordinator peers (restarting from its data dir), and while it leads
+//! accepts the shards' control connections and drives every group; it serves the HTTP API
+//! until SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,8 +14,10 @@ use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
 use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
-use tessera_coordinator::cluster::Cluster;
 use tessera_coordinator::group::driver::Limits;
+use tessera_coordinator::leader::{Announce, Leadership};
+use tessera_coordinator::replication::transport::{Addresses, QuicTransport};
+use tessera_coordinator::replication::{LogStore, log, node, peer::Peer};
 use tessera_coordinator::{metrics, server};
 use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
@@ -48,6 +51,9 @@ struct Args {
         hide_env_values = true
     )]
     api_keys: Vec<String>,
+    /// The Raft log and snapshots: the topology's `data_dir` of this peer by default.
+    #[arg(long, env = "TESSERA_DATA_DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -96,21 +102,72 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let quic_addr = resolve(&me.quic.to_string()).await?;
     let endpoint = quic::server_endpoint(quic_addr, &credentials)?;
-    // One peer for now: it is the leader of term 1.
-    let cluster = Cluster::start(&topology, 1, Limits::default());
+
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| me.data_dir.clone());
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
+    let store = LogStore::open(&data_dir.join("raft.redb"))
+        .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
+    let voters: Vec<u64> = topology.coordinators.iter().map(|c| c.id.0).collect();
+    let peer = Peer::start(
+        me.id.0,
+        &voters,
+        store,
+        rand::random(),
+        &log::logger(me.id.0),
+    )
+    .context("starting the Raft peer")?;
+    let addresses: Addresses = Arc::new(std::sync::RwLock::new(
+        topology
+            .coordinators
+            .iter()
+            .map(|c| (c.id.0, c.quic.to_string()))
+            .collect(),
+    ));
+    let cell = Arc::default();
+    let transport = QuicTransport::new(
+        endpoint.clone(),
+        Arc::clone(&addresses),
+        Arc::clone(&cell),
+        tokio::runtime::Handle::current(),
+    );
+    let node = node::spawn(peer, transport).context("starting the Raft thread")?;
+    let _ = cell.set(node.clone());
+    tokio::spawn(follow_members(node.clone(), addresses));
+    let topology = Arc::new(topology);
+    let announce = Announce {
+        http: args
+            .http
+            .map_or_else(|| me.http.to_string(), |a| a.to_string()),
+        quic: me.quic.to_string(),
+        pid: std::process::id(),
+    };
+    let leadership = Leadership::start(
+        me.id.0,
+        node.clone(),
+        Arc::clone(&topology),
+        Limits::default(),
+        announce,
+    );
     tokio::spawn(server::accept_loop(
         endpoint.clone(),
         topology,
-        cluster.clone(),
+        leadership.clone(),
     ));
 
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {http_addr}"))?;
-    info!(peer = me.id.0, quic = %quic_addr, http = %http_addr, "coordinator started");
+    info!(
+        peer = me.id.0,
+        quic = %quic_addr,
+        http = %http_addr,
+        data_dir = %data_dir.display(),
+        "coordinator started"
+    );
     let mut app = api::router(ApiState {
         models,
-        engine: Arc::new(cluster),
+        engine: Arc::new(leadership),
         api_keys,
     });
     if let Some(handle) = metrics_handle {
@@ -124,6 +181,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("serving HTTP")?;
     endpoint.close(0u32.into(), b"coordinator stopping");
+    // What it acknowledged is on disk already; this only ends the thread.
+    tokio::task::spawn_blocking(move || node.stop()).await.ok();
     info!("stopped");
     Ok(())
 }
@@ -167,6 +226,25 @@ fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
             })
         })
         .collect()
+}
+
+/// Dials members that joined after start at the addresses they announced.
+async fn follow_members(node: node::NodeHandle, addresses: Addresses) {
+    let mut state = node.state();
+    loop {
+        {
+            let members = state.borrow_and_update();
+            let mut known = addresses.write().unwrap_or_else(|e| e.into_inner());
+            for (id, member) in &members.members {
+                if !member.quic.is_empty() {
+                    known.insert(*id, member.quic.clone());
+                }
+            }
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {

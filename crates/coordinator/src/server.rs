@@ -1,6 +1,8 @@
-//! The control endpoint: accepts shard connections (QUIC, mutual TLS), checks each
-//! registration against the certificate's identity and the topology, and hands the
-//! streams to the group's driver. Anything else is refused with a reason.
+//! The control endpoint (QUIC, mutual TLS). A coordinator peer's connection carries Raft
+//! messages ([`crate::replication::transport`]). A shard's registration is checked against
+//! the certificate's identity and the topology and, on the leader, handed to the group's
+//! driver; a follower answers `NotLeader` with the leader it knows. Anything else is
+//! refused with a reason.
 
 use std::time::Duration;
 
@@ -12,21 +14,25 @@ use tessera_comm::{quic, wire};
 use tessera_topology::Topology;
 use tracing::{info, warn};
 
-use crate::cluster::Cluster;
 use crate::group::ShardLink;
+use crate::leader::Leadership;
+use crate::replication::transport;
 
 /// A registration must arrive this soon after the handshake.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Accepts connections until the endpoint closes.
-pub async fn accept_loop(endpoint: quinn::Endpoint, topology: Topology, cluster: Cluster) {
-    let topology = std::sync::Arc::new(topology);
+pub async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    topology: std::sync::Arc<Topology>,
+    leadership: Leadership,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let topology = std::sync::Arc::clone(&topology);
-        let cluster = cluster.clone();
+        let leadership = leadership.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
-            if let Err(reason) = handle(incoming, &topology, &cluster).await {
+            if let Err(reason) = handle(incoming, &topology, &leadership).await {
                 warn!(%remote, reason, "connection refused");
             }
         });
@@ -36,7 +42,7 @@ pub async fn accept_loop(endpoint: quinn::Endpoint, topology: Topology, cluster:
 async fn handle(
     incoming: quinn::Incoming,
     topology: &Topology,
-    cluster: &Cluster,
+    leadership: &Leadership,
 ) -> Result<(), String> {
     let connection = incoming
         .await
@@ -45,6 +51,14 @@ async fn handle(
         connection.close(1u32.into(), b"unknown identity");
         e.to_string()
     })?;
+    // Another peer's Raft traffic (a peer never dials itself: its own certificate
+    // presented here is someone else, refused below like any non-shard).
+    if let Identity::Coordinator(peer) = identity
+        && peer.0 != leadership.id()
+    {
+        transport::serve_inbound(connection, peer.0, leadership.node()).await;
+        return Ok(());
+    }
     let (mut send, mut recv) = tokio::time::timeout(REGISTER_TIMEOUT, connection.accept_bi())
         .await
         .map_err(|_| "no stream opened".to_string())?
@@ -78,6 +92,14 @@ async fn handle(
     if let Err(reason) = check(&identity, &register, topology) {
         return refuse(&connection, &mut send, reason).await;
     }
+    let Some(cluster) = leadership.cluster() else {
+        let leader = Some(leadership.role().leader).filter(|&l| l != 0);
+        let _ = wire::write_frame(&mut send, &CoordinatorMsg::NotLeader { leader }).await;
+        let _ = send.finish();
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        connection.close(3u32.into(), b"not the leader");
+        return Ok(());
+    };
     let group = cluster
         .group(&register.group)
         .expect("checked against the topology");

@@ -39,17 +39,22 @@ enum Ended {
     Lost,
     /// The coordinator told this shard to exit.
     Shutdown,
+    /// That peer is not the Raft leader; the leader, if it knows one.
+    NotLeader(Option<PeerId>),
 }
 
-/// Runs until the coordinator sends `Shutdown` or refuses this shard.
+/// Runs until the coordinator sends `Shutdown` or refuses this shard. Only the Raft
+/// leader of the coordinator peers takes a registration; a follower names the leader.
 pub async fn run(
     config: ControlConfig,
     commands: mpsc::Sender<Command>,
     mut events: UnboundedReceiver<ShardMsg>,
 ) -> anyhow::Result<()> {
     let mut delay = RETRY_MIN;
+    let mut leader: Option<PeerId> = None;
     loop {
-        for (peer, addr) in &config.coordinators {
+        let mut redirected = false;
+        for (peer, addr) in attempt_order(&config.coordinators, leader.take()) {
             let Some(target) = resolve(addr).await else {
                 warn!(peer = %peer, addr, "cannot resolve coordinator address");
                 continue;
@@ -68,12 +73,34 @@ pub async fn run(
             match serve(&config, &connection, &commands, &mut events).await {
                 Ok(Ended::Shutdown) => return Ok(()),
                 Ok(Ended::Lost) => warn!(peer = %peer, "coordinator connection lost"),
+                Ok(Ended::NotLeader(hint)) => {
+                    info!(peer = %peer, leader = ?hint.map(|p| p.0), "not the leader");
+                    if hint.is_some_and(|h| h != *peer) {
+                        leader = hint;
+                        redirected = true;
+                        break;
+                    }
+                }
                 Err(error) => return Err(error),
             }
+        }
+        if redirected {
+            // Straight to the leader, after a breath (its view may be a moment old).
+            tokio::time::sleep(RETRY_MIN).await;
+            continue;
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(RETRY_MAX);
     }
+}
+
+/// The peers to try, the known leader first, then the others in topology order.
+fn attempt_order(
+    peers: &[(PeerId, String)],
+    leader: Option<PeerId>,
+) -> impl Iterator<Item = &(PeerId, String)> {
+    let first = peers.iter().filter(move |(p, _)| Some(*p) == leader);
+    first.chain(peers.iter().filter(move |(p, _)| Some(*p) != leader))
 }
 
 async fn resolve(addr: &str) -> Option<SocketAddr> {
@@ -128,6 +155,9 @@ async fn serve(
                     CoordinatorMsg::Refused { error } => {
                         bail!("the coordinator refused this shard: {}", error.message);
                     }
+                    CoordinatorMsg::NotLeader { leader } => {
+                        return Ok(Ended::NotLeader(leader.map(PeerId)));
+                    }
                 };
                 commands.send(command).context("the compute thread stopped")?;
             }
@@ -138,5 +168,24 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_known_leader_is_tried_first_then_the_rest_in_order() {
+        let peers: Vec<(PeerId, String)> = (1..=3).map(|i| (PeerId(i), format!("h{i}"))).collect();
+        let ids = |leader| {
+            attempt_order(&peers, leader)
+                .map(|(p, _)| p.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(None), [1, 2, 3]);
+        assert_eq!(ids(Some(PeerId(2))), [2, 1, 3]);
+        // A leader not in the topology (a peer added since) changes nothing here.
+        assert_eq!(ids(Some(PeerId(9))), [1, 2, 3]);
     }
 }

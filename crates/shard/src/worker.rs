@@ -46,10 +46,30 @@ pub struct WorkerConfig {
     pub step_delay: Duration,
 }
 
-/// The epoch this rank is serving.
+/// The epoch this rank is serving, under the coordinator term that assigned it.
 struct Active {
+    term: u64,
     comm: Box<dyn Collective>,
     engine: Engine,
+}
+
+/// Term fencing: a shard follows the newest coordinator leader it has heard from. An
+/// assignment from an older Raft term comes from a deposed leader and is ignored, so that
+/// leader can no longer drive this shard.
+#[derive(Debug, Default)]
+struct TermFence {
+    newest: u64,
+}
+
+impl TermFence {
+    /// Whether an assignment of `term` may be taken; taking it raises the fence.
+    fn admit(&mut self, term: u64) -> bool {
+        if term < self.newest {
+            return false;
+        }
+        self.newest = term;
+        true
+    }
 }
 
 /// Runs until the command channel closes.
@@ -57,6 +77,7 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
     let mut model: Option<Arc<Llama>> = None;
     let mut active: Option<Active> = None;
     let mut last_step_end: Option<Instant> = None;
+    let mut fence = TermFence::default();
     loop {
         let waiting = Instant::now();
         let command = match commands.recv() {
@@ -65,6 +86,14 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
         };
         match command {
             Command::Assign(assignment) => {
+                if !fence.admit(assignment.term) {
+                    warn!(
+                        term = assignment.term,
+                        newest = fence.newest,
+                        "assignment from a deposed coordinator leader ignored"
+                    );
+                    continue;
+                }
                 // The old epoch's collective and sequences go first: their memory is needed.
                 active = None;
                 last_step_end = None;
@@ -90,11 +119,12 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                     );
                     continue;
                 };
-                if plan.epoch != current.engine.epoch() {
+                if plan.term != current.term || plan.epoch != current.engine.epoch() {
                     debug!(
+                        term = plan.term,
                         epoch = plan.epoch,
                         step = plan.step,
-                        "plan of another epoch"
+                        "plan of another term or epoch"
                     );
                     continue;
                 }
@@ -162,6 +192,7 @@ fn assign(
     events: &UnboundedSender<ShardMsg>,
 ) -> Result<(Active, Ready), ShardError> {
     let epoch = assignment.epoch;
+    let term = assignment.term;
     let llama = match model {
         Some(m) => Arc::clone(m),
         None => {
@@ -226,6 +257,7 @@ fn assign(
     };
     Ok((
         Active {
+            term,
             comm,
             engine: Engine::new(config.rank, epoch, cache),
         },
@@ -235,4 +267,22 @@ fn assign(
 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TermFence;
+
+    #[test]
+    fn assignments_of_an_older_term_are_fenced_off() {
+        let mut fence = TermFence::default();
+        assert!(fence.admit(3));
+        // The same leader re-assigning (a new epoch) is fine.
+        assert!(fence.admit(3));
+        // A deposed leader of term 2 is not.
+        assert!(!fence.admit(2));
+        assert!(fence.admit(5));
+        assert!(!fence.admit(4));
+        assert!(!fence.admit(3));
+    }
 }

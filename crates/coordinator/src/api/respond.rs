@@ -125,7 +125,11 @@ pub(crate) async fn respond(
     let mut streams = Vec::with_capacity(params.n as usize);
     for index in 0..params.n {
         let request = params.request(model, prompt.clone(), default_max_tokens, index)?;
-        streams.push(state.engine.generate(request).await?);
+        let key = match index {
+            0 => id.clone(),
+            i => format!("{id}/{i}"),
+        };
+        streams.push(state.engine.generate(key, request).await?);
     }
     let meta = Meta {
         id,

@@ -227,7 +227,10 @@ impl Driver {
                     Some(GroupCommand::Submit { request, events, reply }) => {
                         self.submit(request, events, reply);
                     }
-                    None => return,
+                    None => {
+                        self.release();
+                        return;
+                    }
                 },
                 Some(event) = shards.recv() => self.on_shard(event).await,
                 _ = tick.tick() => self.on_tick().await,
@@ -236,6 +239,16 @@ impl Driver {
             self.pump().await;
             self.publish();
         }
+    }
+
+    /// Every handle is gone (this peer stopped leading, or the coordinator stops): close
+    /// the shards' connections, so that they register with whoever leads now.
+    fn release(&mut self) {
+        for link in self.links.iter_mut().filter_map(Option::take) {
+            link.connection
+                .close(0u32.into(), b"this coordinator no longer leads");
+        }
+        info!(group = %self.config.name, "group released");
     }
 
     fn submit(

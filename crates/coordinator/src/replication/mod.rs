@@ -8,6 +8,7 @@
 //!   synchronous and deterministic, checked by a simulation with a simulated network.
 //! - [`node`]: the driver of a peer — its own thread, ticks, a transport — and the handle
 //!   callers propose through.
+//! - [`transport`]: Raft messages between peers over QUIC with mutual TLS.
 //! - [`linearizable`]: the linearizability checker the simulation's histories go through.
 //! - [`log`]: raft-rs's `slog` records forwarded to `tracing`.
 
@@ -17,5 +18,6 @@ pub mod node;
 pub mod peer;
 pub mod state;
 pub mod store;
+pub mod transport;
 
 pub use store::{LogStore, StoreError};

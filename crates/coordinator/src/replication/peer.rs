@@ -29,8 +29,9 @@ pub const ELECTION_TICKS: usize = 10;
 pub const HEARTBEAT_TICKS: usize = 1;
 /// Applied entries kept in the log before it is compacted into a snapshot.
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 1_000;
-/// The largest command a peer proposes or decodes from a committed entry.
-pub const MAX_COMMAND_BYTES: usize = wire::MAX_FRAME_BYTES;
+/// The largest command a peer proposes or decodes from a committed entry: with a batch
+/// of `max_size_per_msg` (1 MiB) before it, a Raft message still fits one wire frame.
+pub const MAX_COMMAND_BYTES: usize = 4 << 20;
 
 /// Why a peer stopped: its store failed, or Raft refused to start. Either way it must be
 /// restarted (from its store) rather than go on with a state it cannot trust.
@@ -163,7 +164,11 @@ impl Peer {
             ..Config::default()
         };
         config.validate()?;
-        let node = RawNode::new(&config, store, logger)?;
+        let mut node = RawNode::new(&config, store, logger)?;
+        // The only voter needs no election timeout: it leads at once.
+        if node.raft.prs().conf().voters().ids().iter().eq([id]) {
+            node.campaign()?;
+        }
         Ok(Peer {
             node,
             state,
@@ -383,7 +388,12 @@ impl Peer {
             return Ok(None);
         };
         let command = match change {
-            MembershipChange::Join { id, http, quic } => Command::Member { id, http, quic },
+            MembershipChange::Join { id, http, quic } => Command::Member {
+                id,
+                http,
+                quic,
+                pid: 0,
+            },
             MembershipChange::Leave { id } => Command::Leave { id },
         };
         let outcome = self.state.apply(entry.index, &command);

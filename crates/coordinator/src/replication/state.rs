@@ -24,14 +24,21 @@ use crate::engine::GenerateRequest;
 /// A request's id: the `id` of its response object (`cmpl-…`, `chatcmpl-…`).
 pub type RequestId = String;
 
-/// The largest snapshot a peer encodes or accepts.
-pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_FRAME_BYTES;
+/// The largest snapshot a peer encodes or accepts: a frame, less room for the Raft
+/// message around it.
+pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_FRAME_BYTES - (1 << 20);
 
 /// One change to the replicated state, as the leader proposes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Command {
-    /// A coordinator peer's addresses (added, or changed on restart).
-    Member { id: u64, http: String, quic: String },
+    /// A coordinator peer's addresses and process id (added, or changed on restart; pid 0
+    /// until the process announces itself).
+    Member {
+        id: u64,
+        http: String,
+        quic: String,
+        pid: u32,
+    },
     /// A coordinator peer left the configuration.
     Leave { id: u64 },
     /// A shard registered in `group` at `epoch`.
@@ -56,10 +63,11 @@ pub enum Command {
         offset: u32,
         tokens: Vec<u32>,
     },
-    /// The request ended (all its tokens were checkpointed before).
+    /// The request ended (all its tokens were checkpointed before). `reason` is `None`
+    /// when it ended without finishing: its client went away, or its group failed it.
     Finish {
         id: RequestId,
-        reason: FinishReason,
+        reason: Option<FinishReason>,
         at_ms: u64,
     },
     /// Drops every request that finished before `before_ms`.
@@ -89,6 +97,7 @@ pub enum Outcome {
 pub struct Member {
     pub http: String,
     pub quic: String,
+    pub pid: u32,
 }
 
 /// A shard as last registered.
@@ -115,7 +124,8 @@ pub struct Journaled {
     pub request: GenerateRequest,
     /// Completion tokens checkpointed as sent to the client.
     pub sent: Vec<u32>,
-    pub finished: Option<(FinishReason, u64)>,
+    /// How (see [`Command::Finish`]) and when it ended.
+    pub finished: Option<(Option<FinishReason>, u64)>,
 }
 
 /// Everything the peers replicate.
@@ -138,12 +148,18 @@ impl ClusterState {
         }
         self.applied = index;
         match command {
-            Command::Member { id, http, quic } => {
+            Command::Member {
+                id,
+                http,
+                quic,
+                pid,
+            } => {
                 self.members.insert(
                     *id,
                     Member {
                         http: http.clone(),
                         quic: quic.clone(),
+                        pid: *pid,
                     },
                 );
                 Outcome::Applied

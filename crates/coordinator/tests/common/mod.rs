@@ -127,7 +127,11 @@ impl MockEngine {
 }
 
 impl Engine for MockEngine {
-    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
+    fn generate(
+        &self,
+        _id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         self.requests.lock().unwrap().push(request.clone());
         let reply = self.reply.clone();
         let cancelled = Arc::clone(&self.cancelled);
@@ -173,6 +177,7 @@ impl Engine for MockEngine {
 
     fn status(&self) -> ClusterStatus {
         ClusterStatus {
+            peers: Vec::new(),
             groups: vec![GroupStatus {
                 name: "g0".into(),
                 model: TEXT_MODEL.into(),

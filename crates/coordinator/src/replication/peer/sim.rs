@@ -206,6 +206,7 @@ impl Sim {
                 id: self.rng.random_range(1..4),
                 http: format!("h:{}", self.rng.random_range(0..3)),
                 quic: "q".into(),
+                pid: 7,
             },
         }
     }

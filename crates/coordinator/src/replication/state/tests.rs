@@ -34,7 +34,7 @@ fn progress(id: &str, offset: u32, tokens: &[u32]) -> Command {
 fn finish(id: &str, at_ms: u64) -> Command {
     Command::Finish {
         id: id.into(),
-        reason: FinishReason::Stop,
+        reason: Some(FinishReason::Stop),
         at_ms,
     }
 }

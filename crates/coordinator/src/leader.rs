@@ -1,0 +1,434 @@
+//! A coordinator peer under Raft. It drives the groups only while it leads: when it
+//! becomes leader of term T it starts a [`Cluster`] whose plans carry T (shards ignore
+//! plans of an older term), and when it stops leading it drops that cluster, which closes
+//! the shards' connections so they register with the new leader.
+//!
+//! As the API's [`Engine`], it journals each request before the request starts: an
+//! `Accept` entry is committed first, then the tokens are checkpointed as they reach the
+//! client (`Progress`, batched by the commit latency), and the end (`Finish`).
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
+use tessera_topology::Topology;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::cluster::Cluster;
+use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerStatus, TokenStream};
+use crate::group::driver::Limits;
+use crate::replication::node::NodeHandle;
+use crate::replication::peer::Role;
+use crate::replication::state::{Command, Outcome, RequestId};
+
+/// How long a request waits for its journal entry to commit.
+pub const JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request waits for an election under way before it is refused.
+pub const ELECTION_WAIT: Duration = Duration::from_secs(3);
+/// How long finished requests stay in the journal (for late reconnects).
+pub const RETENTION: Duration = Duration::from_secs(600);
+/// How often the leader drops finished requests older than [`RETENTION`].
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+/// This peer's place in the coordinator group; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    me: u64,
+    node: NodeHandle,
+    topology: Arc<Topology>,
+    leading: Arc<RwLock<Option<Leading>>>,
+}
+
+#[derive(Clone, Debug)]
+struct Leading {
+    term: u64,
+    cluster: Cluster,
+}
+
+/// This process, as it announces itself to the others.
+#[derive(Clone, Debug)]
+pub struct Announce {
+    pub http: String,
+    pub quic: String,
+    pub pid: u32,
+}
+
+impl Leadership {
+    /// Follows `node`'s role from now on, and announces this peer's addresses and pid in
+    /// the replicated state. Must run inside a tokio runtime.
+    pub fn start(
+        me: u64,
+        node: NodeHandle,
+        topology: Arc<Topology>,
+        limits: Limits,
+        announce: Announce,
+    ) -> Leadership {
+        let this = Leadership {
+            me,
+            node,
+            topology,
+            leading: Arc::default(),
+        };
+        tokio::spawn(this.clone().follow_role(limits));
+        tokio::spawn(this.clone().announce(announce));
+        tokio::spawn(this.clone().expire());
+        this
+    }
+
+    async fn follow_role(self, limits: Limits) {
+        let mut role = self.node.role();
+        loop {
+            let now = *role.borrow_and_update();
+            self.on_role(now, limits);
+            if role.changed().await.is_err() {
+                self.set(None);
+                return;
+            }
+        }
+    }
+
+    fn on_role(&self, role: Role, limits: Limits) {
+        let term = self.leading().map(|l| l.term);
+        match (term, role.is_leader()) {
+            (Some(t), true) if t == role.term => {}
+            (_, true) => {
+                let open = self.node.state().borrow().unfinished().len();
+                info!(
+                    term = role.term,
+                    unfinished = open,
+                    "leading: driving the groups"
+                );
+                let cluster = Cluster::start(&self.topology, role.term, limits);
+                self.set(Some(Leading {
+                    term: role.term,
+                    cluster,
+                }));
+            }
+            (Some(_), false) => {
+                info!(
+                    term = role.term,
+                    leader = role.leader,
+                    "no longer leading: shards released"
+                );
+                self.set(None);
+            }
+            (None, false) => {}
+        }
+    }
+
+    fn set(&self, leading: Option<Leading>) {
+        *self.leading.write().unwrap_or_else(PoisonError::into_inner) = leading;
+    }
+
+    fn leading(&self) -> Option<Leading> {
+        self.leading
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// This peer's id.
+    pub fn id(&self) -> u64 {
+        self.me
+    }
+
+    /// The local Raft node.
+    pub fn node(&self) -> NodeHandle {
+        self.node.clone()
+    }
+
+    /// The groups, while this peer leads.
+    pub fn cluster(&self) -> Option<Cluster> {
+        self.leading().map(|l| l.cluster)
+    }
+
+    /// The groups, waiting up to [`ELECTION_WAIT`] while no leader is known (an election
+    /// under way); `None` when another peer leads, or none emerged in time.
+    async fn cluster_soon(&self) -> Option<Cluster> {
+        let deadline = Instant::now() + ELECTION_WAIT;
+        loop {
+            if let Some(cluster) = self.cluster() {
+                return Some(cluster);
+            }
+            let role = self.role();
+            if (role.leader != 0 && role.leader != self.me) || Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// This peer's Raft role.
+    pub fn role(&self) -> Role {
+        *self.node.role().borrow()
+    }
+
+    /// The leader's id and HTTP address, when a leader is known and it is another peer.
+    pub fn other_leader(&self) -> Option<(u64, String)> {
+        let role = self.role();
+        if role.leader == 0 || role.leader == self.me {
+            return None;
+        }
+        Some((role.leader, self.http_of(role.leader)?))
+    }
+
+    fn http_of(&self, id: u64) -> Option<String> {
+        if let Some(member) = self.node.state().borrow().members.get(&id) {
+            return Some(member.http.clone());
+        }
+        self.topology
+            .coordinators
+            .iter()
+            .find(|c| c.id.0 == id)
+            .map(|c| c.http.to_string())
+    }
+
+    /// Why this peer cannot take a request: another leads, or none does yet.
+    pub fn not_leader(&self) -> WireError {
+        let message = match self.other_leader() {
+            Some((id, http)) => format!(
+                "this coordinator peer ({}) is not the leader; peer {id} at http://{http} is",
+                self.me
+            ),
+            None => "no coordinator leader is elected yet; retry in a few seconds".into(),
+        };
+        WireError {
+            class: ErrorClass::Unavailable,
+            message,
+            rank: None,
+        }
+    }
+
+    /// Every peer of the configuration, as this peer sees them.
+    pub fn peers(&self) -> Vec<PeerStatus> {
+        let role = self.role();
+        let state = self.node.state().borrow().clone();
+        let mut ids: Vec<u64> = state.members.keys().copied().collect();
+        ids.extend(self.topology.coordinators.iter().map(|c| c.id.0));
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| {
+                let member = state.members.get(&id);
+                PeerStatus {
+                    id,
+                    http: self.http_of(id).unwrap_or_default(),
+                    role: match role.leader {
+                        0 => "unknown",
+                        l if l == id => "leader",
+                        _ => "follower",
+                    },
+                    term: role.term,
+                    pid: member.map(|m| m.pid).filter(|&p| p != 0),
+                    this: id == self.me,
+                }
+            })
+            .collect()
+    }
+
+    /// Records this peer's addresses and pid, retrying until a leader commits them.
+    async fn announce(self, me: Announce) {
+        let command = Command::Member {
+            id: self.me,
+            http: me.http,
+            quic: me.quic,
+            pid: me.pid,
+        };
+        loop {
+            match self.node.propose(command.clone(), JOURNAL_TIMEOUT).await {
+                Ok(_) => return,
+                Err(crate::replication::node::ProposalError::Stopped) => return,
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    /// While leading, drops finished requests past their retention now and then.
+    async fn expire(self) {
+        let mut every = tokio::time::interval(EXPIRE_EVERY);
+        loop {
+            every.tick().await;
+            if self.leading().is_none() {
+                continue;
+            }
+            let before_ms = now_ms().saturating_sub(RETENTION.as_millis() as u64);
+            let _ = self
+                .node
+                .propose(Command::Expire { before_ms }, JOURNAL_TIMEOUT)
+                .await;
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Engine for Leadership {
+    fn generate(
+        &self,
+        id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
+        Box::pin(async move {
+            let Some(cluster) = self.cluster_soon().await else {
+                return Err(self.not_leader());
+            };
+            cluster.admission(&request.model)?;
+            let accept = Command::Accept {
+                id: id.clone(),
+                request: request.clone(),
+                at_ms: now_ms(),
+            };
+            match self.node.propose(accept, JOURNAL_TIMEOUT).await {
+                Ok(applied) if applied.outcome == Outcome::Applied => {}
+                Ok(applied) => {
+                    return Err(WireError {
+                        class: ErrorClass::InvalidRequest,
+                        message: format!(
+                            "request {id} is already journaled ({:?})",
+                            applied.outcome
+                        ),
+                        rank: None,
+                    });
+                }
+                Err(error) => {
+                    return Err(WireError {
+                        class: ErrorClass::Unavailable,
+                        message: format!("the request could not be journaled: {error}"),
+                        rank: None,
+                    });
+                }
+            }
+            let (journal, events) = mpsc::unbounded_channel();
+            tokio::spawn(write_journal(self.node.clone(), id.clone(), events));
+            match cluster.generate(id, request).await {
+                Ok(stream) => Ok(checkpointed(stream, journal)),
+                Err(error) => {
+                    let _ = journal.send(JournalEvent::End(None));
+                    Err(error)
+                }
+            }
+        })
+    }
+
+    fn admission(&self, model: &str) -> Result<(), WireError> {
+        // Without the groups here, `generate` waits for an election or names the leader.
+        self.cluster().map_or(Ok(()), |c| c.admission(model))
+    }
+
+    fn ready(&self, model: &str) -> bool {
+        self.cluster().is_some_and(|c| c.ready(model))
+    }
+
+    fn status(&self) -> ClusterStatus {
+        let groups = self
+            .cluster()
+            .map(|c| c.status().groups)
+            .unwrap_or_default();
+        ClusterStatus {
+            peers: self.peers(),
+            groups,
+        }
+    }
+}
+
+/// What a stream tells its journal writer.
+#[derive(Debug)]
+enum JournalEvent {
+    /// A token reached the client.
+    Token(u32),
+    /// The stream ended, finished or not.
+    End(Option<FinishReason>),
+}
+
+/// Passes `inner`'s events on, telling the journal about each token once it is handed to
+/// the client. A client that goes away drops `inner`, which cancels the sequence.
+fn checkpointed(
+    mut inner: TokenStream,
+    journal: mpsc::UnboundedSender<JournalEvent>,
+) -> TokenStream {
+    let (tx, outer) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let end = loop {
+            tokio::select! {
+                event = inner.recv() => match event {
+                    Some(Ok(event)) => {
+                        let (token, finish) = (event.token, event.finish);
+                        if tx.send(Ok(event)).is_err() {
+                            break None;
+                        }
+                        let _ = journal.send(JournalEvent::Token(token));
+                        if finish.is_some() {
+                            break finish;
+                        }
+                    }
+                    Some(Err(error)) => {
+                        let _ = tx.send(Err(error));
+                        break None;
+                    }
+                    None => break None,
+                },
+                () = tx.closed() => break None,
+            }
+        };
+        let _ = journal.send(JournalEvent::End(end));
+    });
+    outer
+}
+
+/// Records one request's tokens and end in the journal, in order. While one checkpoint
+/// commits, the next tokens gather, so checkpoints batch by the commit latency.
+async fn write_journal(
+    node: NodeHandle,
+    id: RequestId,
+    mut events: mpsc::UnboundedReceiver<JournalEvent>,
+) {
+    let mut tokens: Vec<u32> = Vec::new();
+    let mut recorded = 0usize;
+    let mut end: Option<Option<FinishReason>> = None;
+    while end.is_none() {
+        let first = events.recv().await;
+        for event in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| events.try_recv().ok()))
+        {
+            match event {
+                JournalEvent::Token(t) => tokens.push(t),
+                JournalEvent::End(reason) => end = Some(reason),
+            }
+        }
+        if end.is_none() && events.is_closed() && events.is_empty() {
+            end = Some(None);
+        }
+        if tokens.len() > recorded {
+            let progress = Command::Progress {
+                id: id.clone(),
+                offset: recorded as u32,
+                tokens: tokens[recorded..].to_vec(),
+            };
+            match node.propose(progress, JOURNAL_TIMEOUT).await {
+                Ok(applied) => match applied.outcome {
+                    Outcome::Applied => recorded = tokens.len(),
+                    // Out of step after a lost checkpoint: go on from what is recorded.
+                    Outcome::BadProgress { recorded: r } if (r as usize) <= tokens.len() => {
+                        recorded = r as usize;
+                    }
+                    other => warn!(request = %id, outcome = ?other, "checkpoint refused"),
+                },
+                Err(error) => warn!(request = %id, %error, "checkpoint not committed"),
+            }
+        }
+    }
+    let finish = Command::Finish {
+        id: id.clone(),
+        reason: end.flatten(),
+        at_ms: now_ms(),
+    };
+    if let Err(error) = node.propose(finish, JOURNAL_TIMEOUT).await {
+        warn!(request = %id, %error, "completion not journaled");
+    }
+}

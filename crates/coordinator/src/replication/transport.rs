@@ -1,0 +1,222 @@
+//! Raft messages between coordinator peers over QUIC with mutual TLS — the same endpoint
+//! and certificates as the shards' control connections.
+//!
+//! Outbound, one task per remote peer keeps a connection and one stream open and writes
+//! the peer's messages in order, each as a [`PeerMsg`] frame; a message it cannot write is
+//! reported to Raft as unreachable (Raft retries on its own schedule, so nothing is queued
+//! for long). Inbound, [`serve_inbound`] reads a connected peer's frames and hands its
+//! messages to the local node, after checking that each claims to come from the peer the
+//! certificate names.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::prelude::Message;
+use serde::{Deserialize, Serialize};
+use tessera_comm::certs::Identity;
+use tessera_comm::{quic, wire};
+use tessera_topology::PeerId;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::node::{NodeHandle, Transport, is_snapshot};
+
+/// One frame between coordinator peers.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerMsg {
+    /// A Raft message, protobuf-encoded.
+    Raft(Vec<u8>),
+}
+
+/// Messages queued for one peer before new ones are reported unreachable.
+const QUEUE: usize = 512;
+/// How long dialing a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between failed dials of one peer.
+const REDIAL_PAUSE: Duration = Duration::from_millis(200);
+
+/// The QUIC address of each peer, by id: the topology's, updated as members join.
+pub type Addresses = Arc<RwLock<BTreeMap<u64, String>>>;
+
+/// The local node, set once it has started (the transport exists before it does).
+pub type NodeCell = Arc<OnceLock<NodeHandle>>;
+
+/// Sends a peer's Raft messages over QUIC.
+#[derive(Debug)]
+pub struct QuicTransport {
+    endpoint: quinn::Endpoint,
+    addresses: Addresses,
+    node: NodeCell,
+    runtime: tokio::runtime::Handle,
+    links: HashMap<u64, mpsc::Sender<Message>>,
+}
+
+impl QuicTransport {
+    /// Dials from `endpoint`; spawns its link tasks on `runtime`.
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        addresses: Addresses,
+        node: NodeCell,
+        runtime: tokio::runtime::Handle,
+    ) -> QuicTransport {
+        QuicTransport {
+            endpoint,
+            addresses,
+            node,
+            runtime,
+            links: HashMap::new(),
+        }
+    }
+}
+
+impl Transport for QuicTransport {
+    fn send(&mut self, message: Message) {
+        let to = message.to;
+        let link = self.links.entry(to).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let link = Link {
+                to,
+                endpoint: self.endpoint.clone(),
+                addresses: Arc::clone(&self.addresses),
+                node: Arc::clone(&self.node),
+            };
+            self.runtime.spawn(link.run(rx));
+            tx
+        });
+        if let Err(error) = link.try_send(message) {
+            let message = match error {
+                mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
+            };
+            unreachable(&self.node, &message);
+        }
+    }
+}
+
+fn unreachable(node: &NodeCell, message: &Message) {
+    if let Some(node) = node.get() {
+        node.unreachable(message.to, is_snapshot(message));
+    }
+}
+
+/// The outbound side of one remote peer.
+struct Link {
+    to: u64,
+    endpoint: quinn::Endpoint,
+    addresses: Addresses,
+    node: NodeCell,
+}
+
+impl Link {
+    async fn run(self, mut queue: mpsc::Receiver<Message>) {
+        while let Some(first) = queue.recv().await {
+            let Some((_connection, mut send)) = self.open().await else {
+                // Down or unknown: what is queued now is stale by the time it could go.
+                unreachable(&self.node, &first);
+                while let Ok(m) = queue.try_recv() {
+                    unreachable(&self.node, &m);
+                }
+                tokio::time::sleep(REDIAL_PAUSE).await;
+                continue;
+            };
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                if let Err(error) = self.write(&mut send, &message).await {
+                    debug!(to = self.to, %error, "raft link lost");
+                    unreachable(&self.node, &message);
+                    break;
+                }
+                next = queue.recv().await;
+            }
+        }
+    }
+
+    async fn open(&self) -> Option<(quinn::Connection, quinn::SendStream)> {
+        let addr = self.addresses.read().ok()?.get(&self.to).cloned()?;
+        let target: SocketAddr = tokio::net::lookup_host(&addr).await.ok()?.next()?;
+        let identity = Identity::Coordinator(PeerId(self.to));
+        let connecting = quic::connect(&self.endpoint, target, &identity);
+        let connection = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(error)) => {
+                debug!(to = self.to, addr, %error, "raft peer not reachable");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let (send, _recv) = connection.open_bi().await.ok()?;
+        Some((connection, send))
+    }
+
+    async fn write(&self, send: &mut quinn::SendStream, message: &Message) -> anyhow::Result<()> {
+        let bytes = message.write_to_bytes()?;
+        wire::write_frame(send, &PeerMsg::Raft(bytes)).await?;
+        if is_snapshot(message)
+            && let Some(node) = self.node.get()
+        {
+            node.snapshot_sent(self.to);
+        }
+        Ok(())
+    }
+}
+
+/// Reads Raft messages from coordinator peer `from` until the connection closes.
+pub async fn serve_inbound(connection: quinn::Connection, from: u64, node: NodeHandle) {
+    while let Ok((_send, mut recv)) = connection.accept_bi().await {
+        let node = node.clone();
+        tokio::spawn(async move {
+            loop {
+                let frame = wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await;
+                let bytes = match frame {
+                    Ok(Some(PeerMsg::Raft(bytes))) => bytes,
+                    Ok(None) => return,
+                    Err(error) => {
+                        warn!(from, %error, "bad frame from coordinator peer");
+                        return;
+                    }
+                };
+                match decode(&bytes, from) {
+                    Ok(message) => node.receive(message),
+                    Err(reason) => {
+                        warn!(from, reason, "raft message dropped");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A Raft message from peer `from`, which must say it is from `from`.
+fn decode(bytes: &[u8], from: u64) -> Result<Message, String> {
+    let message = Message::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
+    if message.from != from {
+        return Err(format!(
+            "peer {from} sent a message claiming to be from peer {}",
+            message.from
+        ));
+    }
+    Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use raft::prelude::MessageType;
+
+    use super::*;
+
+    #[test]
+    fn a_peer_cannot_speak_for_another() {
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgHeartbeat);
+        message.from = 2;
+        message.to = 1;
+        message.term = 7;
+        let bytes = message.write_to_bytes().expect("encode");
+        assert_eq!(decode(&bytes, 2).expect("from 2"), message);
+        assert!(decode(&bytes, 3).unwrap_err().contains("claiming"));
+        assert!(decode(&[0xff, 0xff, 0xff], 2).is_err());
+    }
+}
