@@ -10,10 +10,12 @@
 //! - [`replication`]: the Raft group of coordinator peers: log store, replicated state,
 //!   peer core, driver and transport.
 //! - [`leader`]: drives the groups while this peer leads, and journals every request.
+//! - [`forward`]: followers pass API calls on to the leader.
 
 pub mod api;
 pub mod cluster;
 pub mod engine;
+pub mod forward;
 pub mod group;
 pub mod leader;
 pub mod metrics;

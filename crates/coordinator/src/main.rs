@@ -14,6 +14,7 @@ use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
 use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
+use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::leader::{Announce, Leadership};
 use tessera_coordinator::replication::transport::{Addresses, QuicTransport};
@@ -167,9 +168,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let mut app = api::router(ApiState {
         models,
-        engine: Arc::new(leadership),
+        engine: Arc::new(leadership.clone()),
         api_keys,
-    });
+    })
+    .layer(axum::middleware::from_fn_with_state(
+        Forwarder::new(leadership),
+        forward::forward,
+    ));
     if let Some(handle) = metrics_handle {
         app = app.route(
             "/metrics",

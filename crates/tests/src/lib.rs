@@ -115,11 +115,27 @@ pub fn topology_text(
     hosts: &[(&str, &str)],
     groups: &[GroupSpec],
 ) -> String {
+    peers_topology_text(
+        &[(coordinator_host, quic.to_string(), http.to_string())],
+        hosts,
+        groups,
+    )
+}
+
+/// The text of a topology with coordinator peers 1, 2, … (`host`, `quic`, `http` each).
+pub fn peers_topology_text(
+    peers: &[(&str, String, String)],
+    hosts: &[(&str, &str)],
+    groups: &[GroupSpec],
+) -> String {
     let mut t = String::new();
-    let _ = write!(
-        t,
-        "[[coordinator]]\nid = 1\nhost = \"{coordinator_host}\"\nquic = \"{quic}\"\nhttp = \"{http}\"\ndata_dir = \"coordinator-1\"\n\n"
-    );
+    for (i, (host, quic, http)) in peers.iter().enumerate() {
+        let id = i + 1;
+        let _ = write!(
+            t,
+            "[[coordinator]]\nid = {id}\nhost = \"{host}\"\nquic = \"{quic}\"\nhttp = \"{http}\"\ndata_dir = \"coordinator-{id}\"\n\n"
+        );
+    }
     for (name, address) in hosts {
         let _ = write!(
             t,
@@ -241,18 +257,63 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// A one-host cluster of `peers` coordinator peers (HTTP addresses in `peer_http`) and
+    /// `groups`, every process started; [`Cluster::http`] is peer 1's.
+    pub fn start_local_peers(
+        peers: usize,
+        groups: &[GroupSpec],
+    ) -> anyhow::Result<(Cluster, Vec<String>)> {
+        let addrs: Vec<(&str, String, String)> = (0..peers)
+            .map(|_| {
+                (
+                    "local",
+                    format!("127.0.0.1:{}", free_port()),
+                    format!("127.0.0.1:{}", free_port()),
+                )
+            })
+            .collect();
+        let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], groups);
+        let mut cluster = Cluster::prepare(&text, &addrs[0].2)?;
+        for id in 1..=peers {
+            cluster.start_coordinator_peer(id)?;
+        }
+        for g in groups {
+            for rank in 0..g.tp {
+                cluster.start_shard(&g.name, rank)?;
+            }
+        }
+        cluster.wait_healthy(Duration::from_secs(30))?;
+        let urls = addrs
+            .iter()
+            .map(|(_, _, http)| format!("http://{http}"))
+            .collect();
+        Ok((cluster, urls))
+    }
+
     /// Starts the coordinator with [`TEST_API_KEY`]: a coordinator whose HTTP address is
     /// not loopback (the multi-host test) refuses to start without a key.
     pub fn start_coordinator(&mut self) -> anyhow::Result<()> {
+        self.start_coordinator_peer(1)
+    }
+
+    /// Starts coordinator peer `id` (process `coordinator-<id>`) with [`TEST_API_KEY`].
+    pub fn start_coordinator_peer(&mut self, id: usize) -> anyhow::Result<()> {
         let args = vec![
             "--topology".to_string(),
             self.topology.display().to_string(),
             "--certs".into(),
             self.certs.display().to_string(),
+            "--peer".into(),
+            id.to_string(),
             "--api-key".into(),
             TEST_API_KEY.into(),
         ];
-        self.spawn("coordinator-1", &bin("tessera-coordinator"), &args, &[])
+        self.spawn(
+            &format!("coordinator-{id}"),
+            &bin("tessera-coordinator"),
+            &args,
+            &[],
+        )
     }
 
     pub fn start_shard(&mut self, group: &str, rank: usize) -> anyhow::Result<()> {
@@ -423,6 +484,26 @@ pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
         .body_mut()
         .read_json()
         .with_context(|| format!("POST {url}: the answer is not JSON"))?;
+    Ok((status, value))
+}
+
+/// `GET url` with the test key: the status and the JSON answer.
+pub fn get(url: &str) -> anyhow::Result<(u16, Value)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let mut response = agent
+        .get(url)
+        .header("Authorization", &format!("Bearer {TEST_API_KEY}"))
+        .call()
+        .with_context(|| format!("GET {url}"))?;
+    let status = response.status().as_u16();
+    let value: Value = response
+        .body_mut()
+        .read_json()
+        .with_context(|| format!("GET {url}: the answer is not JSON"))?;
     Ok((status, value))
 }
 

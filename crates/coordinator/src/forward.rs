@@ -1,0 +1,126 @@
+//! Followers forward API calls to the leader. A coordinator peer that does not lead sends
+//! generation requests (and `/ready`) to the leader's HTTP address as they are, and
+//! streams the answer back, so a client may use any peer. While an election is under way
+//! it waits for a leader for up to [`ELECTION_WAIT`]; a call that was forwarded once is
+//! never forwarded again (it is answered here: 503 naming the leader).
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tessera_comm::proto::{ErrorClass, WireError};
+use tracing::debug;
+
+use crate::api::ApiError;
+use crate::leader::{ELECTION_WAIT, Leadership};
+
+/// Set on a forwarded call: the id of the peer that forwarded it.
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-tessera-forwarded-by");
+
+/// Calls that only the leader can answer.
+fn leader_only(path: &str) -> bool {
+    matches!(path, "/ready" | "/v1/completions" | "/v1/chat/completions")
+        || path.starts_with("/v1/streams/")
+}
+
+/// The forwarding middleware's state.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    leadership: Leadership,
+    client: Client<HttpConnector, Body>,
+}
+
+impl Forwarder {
+    pub fn new(leadership: Leadership) -> Forwarder {
+        Forwarder {
+            leadership,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// The leader's HTTP address when another peer leads; `None` to answer here. Waits
+    /// for an election under way.
+    async fn target(&self) -> Option<String> {
+        let deadline = Instant::now() + ELECTION_WAIT;
+        loop {
+            let role = self.leadership.role();
+            if role.is_leader() {
+                return None;
+            }
+            if let Some((_, http)) = self.leadership.other_leader() {
+                return Some(http);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The middleware: forwards leader-only calls when another peer leads.
+pub async fn forward(State(f): State<Forwarder>, request: Request, next: Next) -> Response {
+    if !leader_only(request.uri().path()) || request.headers().contains_key(&FORWARDED_BY) {
+        return next.run(request).await;
+    }
+    let Some(target) = f.target().await else {
+        return next.run(request).await;
+    };
+    match proxy(&f, request, &target).await {
+        Ok(response) => response,
+        Err(message) => ApiError::from(WireError {
+            class: ErrorClass::Unavailable,
+            message,
+            rank: None,
+        })
+        .into_response(),
+    }
+}
+
+async fn proxy(f: &Forwarder, mut request: Request, target: &str) -> Result<Response, String> {
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let uri: Uri = format!("http://{target}{path}")
+        .parse()
+        .map_err(|e| format!("the leader's address {target} is not usable: {e}"))?;
+    debug!(%uri, "forwarding to the leader");
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.remove(axum::http::header::HOST);
+    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id()));
+    let response = f
+        .client
+        .request(request)
+        .await
+        .map_err(|e| format!("forwarding to the leader at http://{target} failed: {e}"))?;
+    Ok(response.map(Body::new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leader_only;
+
+    #[test]
+    fn only_calls_that_need_the_groups_are_forwarded() {
+        for path in [
+            "/ready",
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/streams/cmpl-1",
+        ] {
+            assert!(leader_only(path), "{path}");
+        }
+        for path in ["/health", "/v1/models", "/v1/cluster", "/metrics", "/"] {
+            assert!(!leader_only(path), "{path}");
+        }
+    }
+}
