@@ -14,6 +14,9 @@
 //!
 //! Only the Raft leader among the coordinator peers drives shards: the others answer
 //! `Register` with [`CoordinatorMsg::NotLeader`], and the shard moves on to the leader.
+//! A shard also holds a standby connection ([`ShardMsg::Standby`]) to every peer, on
+//! which a peer that becomes leader says so ([`CoordinatorMsg::Leading`]): a shard does
+//! not wait for its connection to a dead leader to time out.
 
 use std::fmt;
 
@@ -54,6 +57,10 @@ pub enum ShardMsg {
         epoch: u64,
         error: WireError,
     },
+    /// The first message of a standby connection to a coordinator peer that does not
+    /// lead: checked like `Register`, then held open so the peer can say when it leads
+    /// ([`CoordinatorMsg::Leading`]) and the shard moves over at once.
+    Standby(Register),
 }
 
 /// The first message of a shard connection. The coordinator checks it against the
@@ -163,6 +170,11 @@ pub enum CoordinatorMsg {
     /// after this message.
     NotLeader {
         leader: Option<u64>,
+    },
+    /// On a standby connection: coordinator peer `peer` leads Raft term `term` now.
+    Leading {
+        peer: u64,
+        term: u64,
     },
 }
 

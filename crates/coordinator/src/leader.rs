@@ -145,7 +145,7 @@ impl Leadership {
 
     /// The groups, waiting up to [`ELECTION_WAIT`] while no leader is known (an election
     /// under way); `None` when another peer leads, or none emerged in time.
-    async fn cluster_soon(&self) -> Option<Cluster> {
+    pub async fn cluster_soon(&self) -> Option<Cluster> {
         let deadline = Instant::now() + ELECTION_WAIT;
         loop {
             if let Some(cluster) = self.cluster() {
@@ -239,7 +239,7 @@ impl Leadership {
             match self.node.propose(command.clone(), JOURNAL_TIMEOUT).await {
                 Ok(_) => return,
                 Err(crate::replication::node::ProposalError::Stopped) => return,
-                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
     }

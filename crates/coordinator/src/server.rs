@@ -69,8 +69,9 @@ async fn handle(
     )
     .await
     .map_err(|_| "no registration within 5 s".to_string())?;
-    let register = match first {
-        Ok(Some(ShardMsg::Register(register))) => register,
+    let (register, standby) = match first {
+        Ok(Some(ShardMsg::Register(register))) => (register, false),
+        Ok(Some(ShardMsg::Standby(register))) => (register, true),
         Ok(Some(_)) => {
             return refuse(
                 &connection,
@@ -92,7 +93,10 @@ async fn handle(
     if let Err(reason) = check(&identity, &register, topology) {
         return refuse(&connection, &mut send, reason).await;
     }
-    let Some(cluster) = leadership.cluster() else {
+    if standby {
+        return hold_standby(&connection, send, recv, leadership).await;
+    }
+    let Some(cluster) = leadership.cluster_soon().await else {
         let leader = Some(leadership.role().leader).filter(|&l| l != 0);
         let _ = wire::write_frame(&mut send, &CoordinatorMsg::NotLeader { leader }).await;
         let _ = send.finish();
@@ -115,6 +119,42 @@ async fn handle(
         .attach(register.rank, link)
         .await
         .map_err(|e| e.message)
+}
+
+/// Holds a shard's standby connection: each time this peer starts leading a term, it
+/// says so, and the shard registers here without waiting for its old leader to time out.
+async fn hold_standby(
+    connection: &quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    leadership: &Leadership,
+) -> Result<(), String> {
+    let mut role = leadership.node().role();
+    let mut told = 0;
+    loop {
+        let now = *role.borrow_and_update();
+        if now.is_leader() && now.term != told {
+            let leading = CoordinatorMsg::Leading {
+                peer: leadership.id(),
+                term: now.term,
+            };
+            if wire::write_frame(&mut send, &leading).await.is_err() {
+                return Ok(());
+            }
+            told = now.term;
+        }
+        let mut byte = [0u8; 1];
+        tokio::select! {
+            changed = role.changed() => {
+                if changed.is_err() {
+                    connection.close(0u32.into(), b"coordinator stopping");
+                    return Ok(());
+                }
+            }
+            // The shard sends nothing more: anything, or the end, closes the standby.
+            _ = recv.read(&mut byte) => return Ok(()),
+        }
+    }
 }
 
 /// Why `register` from a peer holding `identity` is not acceptable, if it is not.

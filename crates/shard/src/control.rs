@@ -4,7 +4,7 @@
 //! and the coordinator re-assigns the group under a new epoch.
 
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -12,8 +12,8 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
 use tessera_comm::{quic, wire};
 use tessera_topology::{PeerId, Rank};
-use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::{info, warn};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tracing::{debug, info, warn};
 
 use crate::worker::Command;
 
@@ -50,9 +50,26 @@ pub async fn run(
     commands: mpsc::Sender<Command>,
     mut events: UnboundedReceiver<ShardMsg>,
 ) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let (leaders_tx, mut leaders) = unbounded_channel();
+    if config.coordinators.len() > 1 {
+        for (peer, addr) in &config.coordinators {
+            let standby = Standby {
+                config: Arc::clone(&config),
+                peer: *peer,
+                addr: addr.clone(),
+                leaders: leaders_tx.clone(),
+            };
+            tokio::spawn(standby.run());
+        }
+    }
     let mut delay = RETRY_MIN;
     let mut leader: Option<PeerId> = None;
     loop {
+        // The latest announcement wins.
+        while let Ok(peer) = leaders.try_recv() {
+            leader = Some(peer);
+        }
         let mut redirected = false;
         for (peer, addr) in attempt_order(&config.coordinators, leader.take()) {
             let Some(target) = resolve(addr).await else {
@@ -70,7 +87,11 @@ pub async fn run(
             };
             delay = RETRY_MIN;
             info!(peer = %peer, addr, "connected to coordinator");
-            match serve(&config, &connection, &commands, &mut events).await {
+            let link = Link {
+                peer: *peer,
+                connection: &connection,
+            };
+            match serve(&config, link, &commands, &mut events, &mut leaders).await {
                 Ok(Ended::Shutdown) => return Ok(()),
                 Ok(Ended::Lost) => warn!(peer = %peer, "coordinator connection lost"),
                 Ok(Ended::NotLeader(hint)) => {
@@ -89,8 +110,76 @@ pub async fn run(
             tokio::time::sleep(RETRY_MIN).await;
             continue;
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(RETRY_MAX);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => delay = (delay * 2).min(RETRY_MAX),
+            Some(peer) = leaders.recv() => {
+                leader = Some(peer);
+                delay = RETRY_MIN;
+            }
+        }
+    }
+}
+
+/// The registered connection `serve` runs on.
+struct Link<'a> {
+    peer: PeerId,
+    connection: &'a quinn::Connection,
+}
+
+/// Pause between attempts of a standby connection.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// A standby connection to one coordinator peer: it says when that peer starts leading.
+struct Standby {
+    config: Arc<ControlConfig>,
+    peer: PeerId,
+    addr: String,
+    leaders: UnboundedSender<PeerId>,
+}
+
+impl Standby {
+    async fn run(self) {
+        while !self.leaders.is_closed() {
+            if let Err(error) = self.hold().await {
+                debug!(peer = %self.peer, %error, "standby connection ended");
+            }
+            tokio::time::sleep(STANDBY_RETRY).await;
+        }
+    }
+
+    async fn hold(&self) -> anyhow::Result<()> {
+        let target = resolve(&self.addr)
+            .await
+            .with_context(|| format!("resolving {}", self.addr))?;
+        let endpoint = quic::client_endpoint_for(target, &self.config.credentials)?;
+        let identity = Identity::Coordinator(self.peer);
+        let connection = quic::connect(&endpoint, target, &identity).await?;
+        let (mut send, mut recv) = connection.open_bi().await?;
+        wire::write_frame(&mut send, &ShardMsg::Standby(register(&self.config))).await?;
+        loop {
+            match wire::read_frame::<_, CoordinatorMsg>(&mut recv, STANDBY_FRAME_BYTES).await? {
+                Some(CoordinatorMsg::Leading { peer, term }) => {
+                    debug!(peer, term, "a coordinator peer leads");
+                    let _ = self.leaders.send(PeerId(peer));
+                }
+                Some(CoordinatorMsg::Refused { error }) => bail!("{}", error.message),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+/// The largest frame a standby connection carries (announcements are a few bytes).
+const STANDBY_FRAME_BYTES: usize = 4096;
+
+fn register(config: &ControlConfig) -> Register {
+    Register {
+        version: PROTOCOL_VERSION,
+        group: config.group.clone(),
+        rank: config.rank,
+        pid: std::process::id(),
+        device: config.device.clone(),
     }
 }
 
@@ -111,20 +200,15 @@ async fn resolve(addr: &str) -> Option<SocketAddr> {
 /// come back. Returns `Err` only for a refusal, which retrying would not change.
 async fn serve(
     config: &ControlConfig,
-    connection: &quinn::Connection,
+    link: Link<'_>,
     commands: &mpsc::Sender<Command>,
     events: &mut UnboundedReceiver<ShardMsg>,
+    leaders: &mut UnboundedReceiver<PeerId>,
 ) -> anyhow::Result<Ended> {
-    let Ok((mut send, mut recv)) = connection.open_bi().await else {
+    let Ok((mut send, mut recv)) = link.connection.open_bi().await else {
         return Ok(Ended::Lost);
     };
-    let register = ShardMsg::Register(Register {
-        version: PROTOCOL_VERSION,
-        group: config.group.clone(),
-        rank: config.rank,
-        pid: std::process::id(),
-        device: config.device.clone(),
-    });
+    let register = ShardMsg::Register(register(config));
     if wire::write_frame(&mut send, &register).await.is_err() {
         return Ok(Ended::Lost);
     }
@@ -147,7 +231,8 @@ async fn serve(
                         Command::Assign(a)
                     }
                     CoordinatorMsg::Step(plan) => Command::Step(plan),
-                    CoordinatorMsg::Drain => continue,
+                    // Announcements belong on standby connections.
+                    CoordinatorMsg::Drain | CoordinatorMsg::Leading { .. } => continue,
                     CoordinatorMsg::Shutdown => {
                         info!("coordinator asked this shard to exit");
                         return Ok(Ended::Shutdown);
@@ -160,6 +245,12 @@ async fn serve(
                     }
                 };
                 commands.send(command).context("the compute thread stopped")?;
+            }
+            Some(peer) = leaders.recv() => {
+                if peer != link.peer {
+                    info!(leader = %peer, "another coordinator peer leads now: moving over");
+                    return Ok(Ended::NotLeader(Some(peer)));
+                }
             }
             event = events.recv() => {
                 let Some(event) = event else { bail!("the compute thread stopped") };

@@ -96,8 +96,18 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
             .unwrap_or_else(|e| panic!("via {url}: {e:#}\n{}", cluster.logs()));
         assert_eq!(&got, want, "via {url}");
     }
-    // Every peer is listed with its address and process id.
-    let (_, view) = leader_seen_by(all[0]).expect("a view");
+    // Every peer is listed with its address and, once it has announced itself, its pid.
+    let listed = Instant::now();
+    let view = loop {
+        let (_, view) = leader_seen_by(all[0]).expect("a view");
+        let announced = view["peers"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().all(|p| p["pid"].is_u64()));
+        if announced || listed.elapsed() > Duration::from_secs(10) {
+            break view;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let peers = view["peers"].as_array().expect("peers");
     assert_eq!(peers.len(), 3, "{view}");
     for (i, p) in peers.iter().enumerate() {

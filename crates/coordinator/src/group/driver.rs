@@ -353,8 +353,8 @@ impl Driver {
             return;
         };
         match msg {
-            ShardMsg::Register(_) => {
-                self.fence(event.rank, "sent a second Register".into());
+            ShardMsg::Register(_) | ShardMsg::Standby(_) => {
+                self.fence(event.rank, "sent a second registration".into());
             }
             ShardMsg::Loading {
                 epoch,
