@@ -104,6 +104,23 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Every group and shard, for `/v1/cluster` and the status page.
     fn status(&self) -> ClusterStatus;
+
+    /// Journaled request `id` again: `None` when the journal does not hold it (never
+    /// accepted, or expired). Engines without a journal hold nothing.
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
+        let _ = id;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// A journaled request, resumed: what it asked, and its completion tokens from the first
+/// on — those already generated at once, the rest as they come.
+#[derive(Debug)]
+pub struct Resumed {
+    pub request: GenerateRequest,
+    /// When it was accepted (Unix milliseconds).
+    pub accepted_ms: u64,
+    pub tokens: TokenStream,
 }
 
 /// The live state of the cluster.

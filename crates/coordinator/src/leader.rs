@@ -4,23 +4,32 @@
 //! the shards' connections so they register with the new leader.
 //!
 //! As the API's [`Engine`], it journals each request before the request starts: an
-//! `Accept` entry is committed first, then the tokens are checkpointed as they reach the
-//! client (`Progress`, batched by the commit latency), and the end (`Finish`).
+//! `Accept` entry is committed first, then the tokens are checkpointed as they come
+//! (`Progress`, batched by the commit latency), and the end (`Finish`). A new leader
+//! resumes every request the journal holds open: it runs the prompt plus the tokens
+//! already checkpointed, for the tokens still to come ([`journal`]), and a client that
+//! reconnects reads the request's tail from any token offset on
+//! ([`Engine::resume`]).
+
+mod journal;
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
 use tessera_topology::Topology;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
-use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerStatus, TokenStream};
+use crate::engine::{
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerStatus, Resumed, TokenStream,
+};
 use crate::group::driver::Limits;
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Outcome, RequestId};
+use crate::replication::state::{Command, Journaled, Outcome};
+use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
 pub const JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,6 +47,7 @@ pub struct Leadership {
     node: NodeHandle,
     topology: Arc<Topology>,
     leading: Arc<RwLock<Option<Leading>>>,
+    tails: Tails,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +79,7 @@ impl Leadership {
             node,
             topology,
             leading: Arc::default(),
+            tails: Tails::default(),
         };
         tokio::spawn(this.clone().follow_role(limits));
         tokio::spawn(this.clone().announce(announce));
@@ -102,8 +113,9 @@ impl Leadership {
                 let cluster = Cluster::start(&self.topology, role.term, limits);
                 self.set(Some(Leading {
                     term: role.term,
-                    cluster,
+                    cluster: cluster.clone(),
                 }));
+                tokio::spawn(self.clone().resume_open(cluster));
             }
             (Some(_), false) => {
                 info!(
@@ -227,6 +239,69 @@ impl Leadership {
             .collect()
     }
 
+    /// Resumes every request the journal holds open, in the order they were accepted.
+    async fn resume_open(self, cluster: Cluster) {
+        let open: Vec<(String, Journaled)> = self
+            .node
+            .state()
+            .borrow()
+            .unfinished()
+            .into_iter()
+            .map(|(id, j)| (id.clone(), j.clone()))
+            .collect();
+        for (id, entry) in open {
+            if let Err(error) = self.continue_request(&cluster, &id, &entry).await {
+                warn!(request = %id, %error, "journaled request not resumed");
+            }
+        }
+    }
+
+    /// Runs the rest of journaled request `id` (no client attached: it runs to its end);
+    /// its tail, which readers follow.
+    async fn continue_request(
+        &self,
+        cluster: &Cluster,
+        id: &str,
+        entry: &Journaled,
+    ) -> Result<watch::Receiver<Tail>, WireError> {
+        let Some(tail) = self.tails.open(id, entry.sent.clone()) else {
+            // Running already.
+            return self.tails.get(id).ok_or_else(|| self.not_leader());
+        };
+        let readers = tail.subscribe();
+        let (journal, events) = mpsc::unbounded_channel();
+        tokio::spawn(journal::write(
+            self.node.clone(),
+            id.to_string(),
+            entry.sent.clone(),
+            events,
+            self.tails.clone(),
+        ));
+        let sent = u32::try_from(entry.sent.len()).unwrap_or(u32::MAX);
+        let mut request = entry.request.clone();
+        request.max_tokens = request.max_tokens.saturating_sub(sent);
+        if request.max_tokens == 0 {
+            // Every token was sent; only the end was lost.
+            let ending = Ending::Finished(FinishReason::Length);
+            tail.send_modify(|t| t.end = Some(ending));
+            let _ = journal.send(journal::JournalEvent::End(ending));
+            return Ok(readers);
+        }
+        request.prompt.extend_from_slice(&entry.sent);
+        info!(request = %id, sent, "resuming a journaled request");
+        match cluster.generate(id.to_string(), request).await {
+            Ok(inner) => {
+                tokio::spawn(journal::pump(inner, tail, journal, None));
+                Ok(readers)
+            }
+            Err(error) => {
+                tail.send_modify(|t| t.end = Some(Ending::Interrupted));
+                let _ = journal.send(journal::JournalEvent::End(Ending::Interrupted));
+                Err(error)
+            }
+        }
+    }
+
     /// Records this peer's addresses and pid, retrying until a leader commits them.
     async fn announce(self, me: Announce) {
         let command = Command::Member {
@@ -303,12 +378,30 @@ impl Engine for Leadership {
                     });
                 }
             }
+            let Some(tail) = self.tails.open(&id, Vec::new()) else {
+                return Err(WireError {
+                    class: ErrorClass::InvalidRequest,
+                    message: format!("request {id} is running already"),
+                    rank: None,
+                });
+            };
             let (journal, events) = mpsc::unbounded_channel();
-            tokio::spawn(write_journal(self.node.clone(), id.clone(), events));
+            tokio::spawn(journal::write(
+                self.node.clone(),
+                id.clone(),
+                Vec::new(),
+                events,
+                self.tails.clone(),
+            ));
             match cluster.generate(id, request).await {
-                Ok(stream) => Ok(checkpointed(stream, journal)),
+                Ok(inner) => {
+                    let (client, stream) = mpsc::unbounded_channel();
+                    tokio::spawn(journal::pump(inner, tail, journal, Some(client)));
+                    Ok(stream)
+                }
                 Err(error) => {
-                    let _ = journal.send(JournalEvent::End(None));
+                    // Refused by the group: it never started, so it ends here.
+                    let _ = journal.send(journal::JournalEvent::End(Ending::Cancelled));
                     Err(error)
                 }
             }
@@ -324,6 +417,34 @@ impl Engine for Leadership {
         self.cluster().is_some_and(|c| c.ready(model))
     }
 
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
+        Box::pin(async move {
+            let Some(cluster) = self.cluster_soon().await else {
+                return Err(self.not_leader());
+            };
+            let Some(entry) = self.node.state().borrow().journal.get(&id).cloned() else {
+                return Ok(None);
+            };
+            let tail = match (self.tails.get(&id), entry.finished) {
+                (Some(tail), _) => tail,
+                (None, Some((reason, _))) => {
+                    let end = reason.map_or(Ending::Cancelled, Ending::Finished);
+                    watch::channel(Tail {
+                        tokens: entry.sent.clone(),
+                        end: Some(end),
+                    })
+                    .1
+                }
+                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
+            };
+            Ok(Some(Resumed {
+                request: entry.request,
+                accepted_ms: entry.accepted_ms,
+                tokens: journal::follow(tail),
+            }))
+        })
+    }
+
     fn status(&self) -> ClusterStatus {
         let groups = self
             .cluster()
@@ -333,102 +454,5 @@ impl Engine for Leadership {
             peers: self.peers(),
             groups,
         }
-    }
-}
-
-/// What a stream tells its journal writer.
-#[derive(Debug)]
-enum JournalEvent {
-    /// A token reached the client.
-    Token(u32),
-    /// The stream ended, finished or not.
-    End(Option<FinishReason>),
-}
-
-/// Passes `inner`'s events on, telling the journal about each token once it is handed to
-/// the client. A client that goes away drops `inner`, which cancels the sequence.
-fn checkpointed(
-    mut inner: TokenStream,
-    journal: mpsc::UnboundedSender<JournalEvent>,
-) -> TokenStream {
-    let (tx, outer) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let end = loop {
-            tokio::select! {
-                event = inner.recv() => match event {
-                    Some(Ok(event)) => {
-                        let (token, finish) = (event.token, event.finish);
-                        if tx.send(Ok(event)).is_err() {
-                            break None;
-                        }
-                        let _ = journal.send(JournalEvent::Token(token));
-                        if finish.is_some() {
-                            break finish;
-                        }
-                    }
-                    Some(Err(error)) => {
-                        let _ = tx.send(Err(error));
-                        break None;
-                    }
-                    None => break None,
-                },
-                () = tx.closed() => break None,
-            }
-        };
-        let _ = journal.send(JournalEvent::End(end));
-    });
-    outer
-}
-
-/// Records one request's tokens and end in the journal, in order. While one checkpoint
-/// commits, the next tokens gather, so checkpoints batch by the commit latency.
-async fn write_journal(
-    node: NodeHandle,
-    id: RequestId,
-    mut events: mpsc::UnboundedReceiver<JournalEvent>,
-) {
-    let mut tokens: Vec<u32> = Vec::new();
-    let mut recorded = 0usize;
-    let mut end: Option<Option<FinishReason>> = None;
-    while end.is_none() {
-        let first = events.recv().await;
-        for event in first
-            .into_iter()
-            .chain(std::iter::from_fn(|| events.try_recv().ok()))
-        {
-            match event {
-                JournalEvent::Token(t) => tokens.push(t),
-                JournalEvent::End(reason) => end = Some(reason),
-            }
-        }
-        if end.is_none() && events.is_closed() && events.is_empty() {
-            end = Some(None);
-        }
-        if tokens.len() > recorded {
-            let progress = Command::Progress {
-                id: id.clone(),
-                offset: recorded as u32,
-                tokens: tokens[recorded..].to_vec(),
-            };
-            match node.propose(progress, JOURNAL_TIMEOUT).await {
-                Ok(applied) => match applied.outcome {
-                    Outcome::Applied => recorded = tokens.len(),
-                    // Out of step after a lost checkpoint: go on from what is recorded.
-                    Outcome::BadProgress { recorded: r } if (r as usize) <= tokens.len() => {
-                        recorded = r as usize;
-                    }
-                    other => warn!(request = %id, outcome = ?other, "checkpoint refused"),
-                },
-                Err(error) => warn!(request = %id, %error, "checkpoint not committed"),
-            }
-        }
-    }
-    let finish = Command::Finish {
-        id: id.clone(),
-        reason: end.flatten(),
-        at_ms: now_ms(),
-    };
-    if let Err(error) = node.propose(finish, JOURNAL_TIMEOUT).await {
-        warn!(request = %id, %error, "completion not journaled");
     }
 }

@@ -14,15 +14,31 @@ fn ids(text: &str) -> Vec<u32> {
     tokenizer().encode(text, false).unwrap()
 }
 
+/// The token offsets of the events' ids (`{response_id}:{tokens sent}`).
+fn offsets(events: &[SseEvent], response_id: &str) -> Vec<usize> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(k, event)| {
+            let id = event
+                .id
+                .as_deref()
+                .unwrap_or_else(|| panic!("event {k} has no id"));
+            id.strip_prefix(response_id)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("event {k}: id {id} is not {response_id}:<tokens>"))
+        })
+        .collect()
+}
+
 /// Every streamed chunk before `[DONE]`, checking ids and the terminator.
 fn chunks(events: &[SseEvent], response_id: &str) -> Vec<Value> {
-    for (k, event) in events.iter().enumerate() {
-        assert_eq!(
-            event.id.as_deref(),
-            Some(format!("{response_id}-{k}").as_str()),
-            "event {k}"
-        );
-    }
+    let offsets = offsets(events, response_id);
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]),
+        "token offsets go back: {offsets:?}"
+    );
     assert_eq!(events.last().unwrap().data, "[DONE]");
     events[..events.len() - 1]
         .iter()
@@ -56,6 +72,7 @@ async fn completion_streams_with_event_ids_and_usage() {
     let id = first["id"].as_str().unwrap().to_string();
     assert!(id.starts_with("cmpl-"), "{id}");
     let chunks = chunks(&events, &id);
+    assert_eq!(offsets(&events, &id).last(), Some(&tokens.len()));
     for chunk in &chunks {
         assert_eq!(chunk["object"], "text_completion");
         assert_eq!(chunk["id"], id);

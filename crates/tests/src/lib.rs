@@ -262,6 +262,7 @@ impl Cluster {
     pub fn start_local_peers(
         peers: usize,
         groups: &[GroupSpec],
+        shard_env: &[(&str, &str)],
     ) -> anyhow::Result<(Cluster, Vec<String>)> {
         let addrs: Vec<(&str, String, String)> = (0..peers)
             .map(|_| {
@@ -279,7 +280,7 @@ impl Cluster {
         }
         for g in groups {
             for rank in 0..g.tp {
-                cluster.start_shard(&g.name, rank)?;
+                cluster.start_shard_with(&g.name, rank, shard_env)?;
             }
         }
         cluster.wait_healthy(Duration::from_secs(30))?;
@@ -505,6 +506,67 @@ pub fn get(url: &str) -> anyhow::Result<(u16, Value)> {
         .read_json()
         .with_context(|| format!("GET {url}: the answer is not JSON"))?;
     Ok((status, value))
+}
+
+/// One server-sent event: its `id:` and `data:`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub data: String,
+}
+
+/// Reads server-sent events from `url` (`POST` with `body`, else `GET` with
+/// `last_event_id`) until `[DONE]`: the events, and whether `[DONE]` arrived (false when
+/// the connection broke first, or the status was not 200).
+pub fn sse(url: &str, body: Option<&Value>, last_event_id: Option<&str>) -> (Vec<SseEvent>, bool) {
+    use std::io::BufRead as _;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into();
+    let auth = format!("Bearer {TEST_API_KEY}");
+    let response = match body {
+        Some(body) => agent
+            .post(url)
+            .header("Authorization", &auth)
+            .send_json(body),
+        None => {
+            let mut request = agent.get(url).header("Authorization", &auth);
+            if let Some(last) = last_event_id {
+                request = request.header("Last-Event-ID", last);
+            }
+            request.call()
+        }
+    };
+    let mut events = Vec::new();
+    let Ok(response) = response else {
+        return (events, false);
+    };
+    if response.status() != 200 {
+        return (events, false);
+    }
+    let reader = std::io::BufReader::new(response.into_body().into_reader());
+    let mut id = None;
+    for line in reader.lines() {
+        let Ok(line) = line else {
+            return (events, false);
+        };
+        if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            let data = v.trim().to_string();
+            let done = data == "[DONE]";
+            events.push(SseEvent {
+                id: id.take(),
+                data,
+            });
+            if done {
+                return (events, true);
+            }
+        }
+    }
+    (events, false)
 }
 
 /// `choices[0].token_ids` of a completion.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tessera_tests::{Cluster, GroupSpec, fixture, get, post, token_ids};
+use tessera_tests::{Cluster, GroupSpec, SseEvent, fixture, get, post, sse, token_ids};
 
 #[derive(Deserialize)]
 struct Expected {
@@ -85,7 +85,7 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     let prompt = &expected.prompts[0];
     let want = &expected.variants["f32"].results[0].greedy;
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    let (mut cluster, urls) = Cluster::start_local_peers(3, &[group]).expect("cluster starts");
+    let (mut cluster, urls) = Cluster::start_local_peers(3, &[group], &[]).expect("cluster starts");
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
 
     let leader = wait_for_leader(&all, None, Duration::from_secs(20));
@@ -157,4 +157,128 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     );
     let got = greedy(all[leader as usize - 1], prompt, want.len()).expect("via the restarted peer");
     assert_eq!(&got, want);
+}
+
+/// The token ids of a stream's chunks, and the id of its last event.
+fn stream_tokens(events: &[SseEvent]) -> (Vec<u32>, Option<String>) {
+    let mut tokens = Vec::new();
+    let mut last = None;
+    for event in events {
+        if event.data != "[DONE]" {
+            let chunk: Value = serde_json::from_str(&event.data).expect("chunk is JSON");
+            assert!(chunk.get("error").is_none(), "error event: {chunk}");
+            if let Some(ids) = chunk["choices"][0]["token_ids"].as_array() {
+                tokens.extend(ids.iter().map(|t| t.as_u64().expect("token id") as u32));
+            }
+        }
+        if event.id.is_some() {
+            last.clone_from(&event.id);
+        }
+    }
+    (tokens, last)
+}
+
+/// One client: streams a completion through `first`, and when the connection breaks
+/// reconnects to the peers in turn with `Last-Event-ID` until `[DONE]`. Its tokens and
+/// how many times it reconnected.
+fn resilient_stream(urls: &[String], first: usize, body: &Value) -> (Vec<u32>, usize) {
+    let (events, mut done) = sse(&format!("{}/v1/completions", urls[first]), Some(body), None);
+    let (mut tokens, mut last) = stream_tokens(&events);
+    let response_id = events
+        .first()
+        .map(|e| {
+            let chunk: Value = serde_json::from_str(&e.data).expect("chunk");
+            chunk["id"].as_str().expect("id").to_string()
+        })
+        .expect("the stream started before the fault");
+    let mut reconnects = 0;
+    let started = Instant::now();
+    let mut peer = first;
+    while !done {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "stream {response_id} did not complete: {} tokens",
+            tokens.len()
+        );
+        peer = (peer + 1) % urls.len();
+        reconnects += 1;
+        let url = format!("{}/v1/streams/{response_id}", urls[peer]);
+        let (events, complete) = sse(&url, None, last.as_deref());
+        let (more, newer) = stream_tokens(&events);
+        tokens.extend(more);
+        if newer.is_some() {
+            last = newer;
+        }
+        done = complete;
+        if !done {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    (tokens, reconnects)
+}
+
+#[test]
+fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate() {
+    const STREAMS: usize = 16;
+    const TOKENS: usize = 40;
+    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
+    // Slow steps, so that the leader dies in the middle of the streams.
+    let (mut cluster, urls) =
+        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
+            .expect("cluster starts");
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let leader = wait_for_leader(&all, None, Duration::from_secs(20));
+    let prompts: Vec<Vec<u32>> = (0..STREAMS as u32)
+        .map(|i| vec![1 + i, 7, 3 + i, 9])
+        .collect();
+    // The reference: each prompt without a fault (all at once: greedy tokens do not
+    // depend on the batch).
+    let reference: Vec<Vec<u32>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| greedy(all[0], p, TOKENS)))
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .expect("thread")
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+            })
+            .collect()
+    });
+
+    let clients: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let urls = urls.clone();
+            let body = json!({
+                "model": "m", "prompt": prompt, "max_tokens": TOKENS, "stream": true,
+                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+            });
+            std::thread::spawn(move || resilient_stream(&urls, i % 3, &body))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1200));
+    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
+    let killed = Instant::now();
+    eprintln!("killed the leader, peer {leader}");
+
+    let mut reconnected = 0;
+    for (i, client) in clients.into_iter().enumerate() {
+        let (tokens, reconnects) = client.join().expect("client thread");
+        reconnected += usize::from(reconnects > 0);
+        assert_eq!(
+            tokens, reference[i],
+            "stream {i}: tokens differ from the run without a fault ({reconnects} reconnects)"
+        );
+    }
+    eprintln!(
+        "all {STREAMS} streams complete {:?} after the kill; {reconnected} reconnected",
+        killed.elapsed()
+    );
+    assert!(
+        reconnected > 0,
+        "the fault landed after every stream had finished"
+    );
 }

@@ -140,7 +140,7 @@ fn render(
 
 /// The `chat.completion` choice.
 #[derive(Clone, Copy, Debug)]
-struct ChatShape;
+pub(crate) struct ChatShape;
 
 impl Shape for ChatShape {
     fn object(&self) -> &'static str {

@@ -83,7 +83,7 @@ async fn prompt_ids(model: &ServedModel, prompt: PromptSpec) -> Result<Vec<u32>,
 
 /// The `text_completion` choice.
 #[derive(Clone, Copy, Debug)]
-struct CompletionShape;
+pub(crate) struct CompletionShape;
 
 impl Shape for CompletionShape {
     fn object(&self) -> &'static str {

@@ -12,6 +12,8 @@
 //! - `POST /v1/completions` ([`completions`]) and `POST /v1/chat/completions` ([`chat`]):
 //!   both read the shared parameters of [`params`] and answer through [`respond`], as one
 //!   body or as server-sent events ([`stream`]); text comes from [`detok`].
+//! - `GET /v1/streams/{id}`: a journaled request again, resumable from any token
+//!   ([`resume`]).
 //! - `GET /v1/cluster` and the status page at `/` ([`status`]).
 //!
 //! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
@@ -29,6 +31,7 @@ mod error;
 mod ids;
 mod params;
 mod respond;
+mod resume;
 mod status;
 mod stream;
 mod types;
@@ -122,6 +125,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/completions", post(completions::create_completion))
         .route("/v1/chat/completions", post(chat::create_chat_completion))
         .route("/v1/cluster", get(status::cluster))
+        .route("/v1/streams/{*id}", get(resume::resume))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

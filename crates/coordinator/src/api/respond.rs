@@ -64,6 +64,8 @@ pub(crate) struct Meta {
     pub include_usage: bool,
     pub prompt: Vec<u32>,
     pub n: u32,
+    /// Completion tokens the client already has: a resumed stream starts after them.
+    pub resume_from: usize,
 }
 
 impl Meta {
@@ -141,6 +143,7 @@ pub(crate) async fn respond(
         include_usage: params.include_usage,
         prompt,
         n: params.n,
+        resume_from: 0,
     };
     let parts = choice_parts(streams, model.tokenizer.clone(), params, start);
     if params.stream {
@@ -251,8 +254,21 @@ impl Choice {
     }
 }
 
+/// The parts of a resumed request's one choice from its first token on, the first
+/// `skip` (which the client has) left out. No stop strings apply: the journal holds the
+/// tokens as generated, and a stop string had ended the request.
+pub(crate) fn resumed_parts(
+    tokens: TokenStream,
+    tokenizer: Option<Arc<Tokenizer>>,
+    skip: usize,
+    start: Instant,
+) -> BoxStream<'static, Result<ChoicePart, ApiError>> {
+    let text = TextStream::new(tokenizer, Arc::from(Vec::<String>::new()));
+    choice(0, tokens, text, start).skip(skip).boxed()
+}
+
 /// Reads every choice to its end into one body.
-async fn collect(
+pub(crate) async fn collect(
     meta: &Meta,
     mut parts: BoxStream<'static, Result<ChoicePart, ApiError>>,
     shape: &impl Shape,

@@ -1,8 +1,10 @@
 //! Server-sent events for `"stream": true`: `data: {chunk}` events, then `data: [DONE]`.
 //!
-//! Every event carries an `id: {response_id}-{k}`, where `k` counts the events sent before
-//! it on that response (0, 1, 2, ...), so that a client can later resume a stream with
-//! `Last-Event-ID`. Keep-alive comments carry no id and do not count.
+//! Every event carries an `id: {response_id}:{k}`, where `k` counts the completion tokens
+//! sent up to and including that event, so that a client whose connection dropped can
+//! resume the stream where it stopped: `GET /v1/streams/{response_id}` with that id as
+//! `Last-Event-ID` (see [`super::resume`]; for requests of one choice). Keep-alive
+//! comments carry no id.
 //!
 //! One task per response reads the choices' parts and writes the events into a small
 //! channel that the response body drains. When the client goes away, hyper drops the body
@@ -39,17 +41,29 @@ pub(crate) fn sse(
     shape: impl Shape,
     start: Instant,
 ) -> Response {
-    let (tx, rx) = mpsc::channel::<String>(BUFFERED_EVENTS);
+    let (tx, rx) = mpsc::channel::<(usize, String)>(BUFFERED_EVENTS);
     let id = meta.id.clone();
     tokio::spawn(write_events(meta, parts, shape, start, tx).instrument(Span::current()));
     let events = stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|data| (data, rx))
+        rx.recv().await.map(|event| (event, rx))
     })
-    .enumerate()
-    .map(move |(k, data)| Ok::<_, Infallible>(Event::default().id(format!("{id}-{k}")).data(data)));
+    .map(move |(k, data)| Ok::<_, Infallible>(Event::default().id(event_id(&id, k)).data(data)));
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// The SSE id of the event after which `tokens` completion tokens were sent.
+pub(crate) fn event_id(response_id: &str, tokens: usize) -> String {
+    format!("{response_id}:{tokens}")
+}
+
+/// The token offset of a `Last-Event-ID` of response `response_id`, if it is one of its ids.
+pub(crate) fn parse_event_id(response_id: &str, last: &str) -> Option<usize> {
+    last.strip_prefix(response_id)?
+        .strip_prefix(':')?
+        .parse()
+        .ok()
 }
 
 /// Why the task stopped early: the client is gone.
@@ -61,13 +75,15 @@ async fn write_events(
     mut parts: BoxStream<'static, Result<ChoicePart, ApiError>>,
     shape: impl Shape,
     start: Instant,
-    tx: mpsc::Sender<String>,
+    tx: mpsc::Sender<(usize, String)>,
 ) {
     let mut writer = Writer {
         meta: &meta,
         shape: &shape,
         tx: &tx,
-        sent_chunks: 0,
+        // A resumed stream repeats neither the opening nor the prompt's ids.
+        sent_chunks: usize::from(meta.resume_from > 0),
+        tokens: meta.resume_from,
     };
     let _ = writer.run(&mut parts, start).await;
 }
@@ -75,8 +91,10 @@ async fn write_events(
 struct Writer<'a, S> {
     meta: &'a Meta,
     shape: &'a S,
-    tx: &'a mpsc::Sender<String>,
+    tx: &'a mpsc::Sender<(usize, String)>,
     sent_chunks: usize,
+    /// Completion tokens sent so far (from the resume point on a resumed stream).
+    tokens: usize,
 }
 
 impl<S: Shape> Writer<'_, S> {
@@ -85,12 +103,13 @@ impl<S: Shape> Writer<'_, S> {
         parts: &mut BoxStream<'static, Result<ChoicePart, ApiError>>,
         start: Instant,
     ) -> Result<(), Gone> {
-        for index in 0..self.meta.n {
-            if let Some(choice) = self.shape.opening(index) {
-                self.chunk(vec![choice]).await?;
+        if self.meta.resume_from == 0 {
+            for index in 0..self.meta.n {
+                if let Some(choice) = self.shape.opening(index) {
+                    self.chunk(vec![choice]).await?;
+                }
             }
         }
-        let mut completion_tokens = 0;
         loop {
             let next = tokio::select! {
                 part = parts.next() => part,
@@ -99,7 +118,7 @@ impl<S: Shape> Writer<'_, S> {
             match next {
                 None => break,
                 Some(Ok(part)) => {
-                    completion_tokens += part.tokens.len();
+                    self.tokens += part.tokens.len();
                     if self.worth_sending(&part) {
                         let choice = self.shape.chunk_choice(self.meta, &part);
                         self.chunk(vec![choice]).await?;
@@ -113,7 +132,7 @@ impl<S: Shape> Writer<'_, S> {
         }
         let usage = Usage {
             prompt_tokens: self.meta.prompt.len(),
-            completion_tokens,
+            completion_tokens: self.tokens,
         };
         record_done(usage, start);
         if self.meta.include_usage {
@@ -147,6 +166,6 @@ impl<S: Shape> Writer<'_, S> {
     }
 
     async fn send(&self, data: String) -> Result<(), Gone> {
-        self.tx.send(data).await.map_err(|_| Gone)
+        self.tx.send((self.tokens, data)).await.map_err(|_| Gone)
     }
 }

@@ -1,0 +1,241 @@
+//! What the leader keeps of each request it runs: its tail (every completion token so far,
+//! and how it ended), which resumed streams read, and its journal entries, written in
+//! order by one task per request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
+
+use super::{JOURNAL_TIMEOUT, now_ms};
+use crate::engine::{TokenEvent, TokenStream};
+use crate::group::TokenSender;
+use crate::replication::node::NodeHandle;
+use crate::replication::state::{Command, Outcome, RequestId};
+
+/// How a request's run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ending {
+    Finished(FinishReason),
+    /// Its client went away (the sequence was cancelled).
+    Cancelled,
+    /// Its group failed it, or this peer stopped leading: it stays open in the journal,
+    /// for a leader to resume.
+    Interrupted,
+}
+
+/// Every completion token of one request so far, and its end once known.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Tail {
+    pub tokens: Vec<u32>,
+    pub end: Option<Ending>,
+}
+
+/// The tails of the requests this peer runs, by request id.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Tails(Arc<Mutex<HashMap<RequestId, watch::Sender<Tail>>>>);
+
+impl Tails {
+    /// A new tail for `id`, holding `tokens` already; `None` when `id` has one.
+    pub fn open(&self, id: &str, tokens: Vec<u32>) -> Option<watch::Sender<Tail>> {
+        let mut tails = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if tails.contains_key(id) {
+            return None;
+        }
+        let (tx, _) = watch::channel(Tail { tokens, end: None });
+        tails.insert(id.to_string(), tx.clone());
+        Some(tx)
+    }
+
+    pub fn get(&self, id: &str) -> Option<watch::Receiver<Tail>> {
+        let tails = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tails.get(id).map(watch::Sender::subscribe)
+    }
+
+    fn remove(&self, id: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+}
+
+/// What a request's pump tells its journal writer.
+#[derive(Debug)]
+pub(super) enum JournalEvent {
+    Token(u32),
+    End(Ending),
+}
+
+/// Moves a request's tokens from its group into its tail and journal and, when it has a
+/// client on this peer, to that client; a client that goes away cancels the sequence
+/// (dropping `inner`). Without a client (a resumed request) it runs to the end.
+pub(super) async fn pump(
+    mut inner: TokenStream,
+    tail: watch::Sender<Tail>,
+    journal: mpsc::UnboundedSender<JournalEvent>,
+    client: Option<TokenSender>,
+) {
+    let ending = loop {
+        let gone = async {
+            match &client {
+                Some(tx) => tx.closed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = inner.recv() => match event {
+                Some(Ok(event)) => {
+                    let (token, finish) = (event.token, event.finish);
+                    let ending = finish.map(Ending::Finished);
+                    tail.send_modify(|t| {
+                        t.tokens.push(token);
+                        t.end = t.end.or(ending);
+                    });
+                    let _ = journal.send(JournalEvent::Token(token));
+                    if let Some(tx) = &client
+                        && tx.send(Ok(event)).is_err()
+                    {
+                        break ending.unwrap_or(Ending::Cancelled);
+                    }
+                    if let Some(ending) = ending {
+                        break ending;
+                    }
+                }
+                Some(Err(error)) => {
+                    if let Some(tx) = &client {
+                        let _ = tx.send(Err(error));
+                    }
+                    break Ending::Interrupted;
+                }
+                None => break Ending::Interrupted,
+            },
+            () = gone => break Ending::Cancelled,
+        }
+    };
+    tail.send_modify(|t| t.end = t.end.or(Some(ending)));
+    let _ = journal.send(JournalEvent::End(ending));
+}
+
+/// A stream of every token of a tail from the first on: those it holds at once, then
+/// each as it comes; the last carries the finish. A tail that ends unfinished ends the
+/// stream with an error.
+pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
+    let (tx, stream) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut sent = 0;
+        loop {
+            let (tokens, end) = {
+                let now = tail.borrow_and_update();
+                (now.tokens[sent.min(now.tokens.len())..].to_vec(), now.end)
+            };
+            let last = tokens.len().checked_sub(1);
+            for (i, token) in tokens.into_iter().enumerate() {
+                let finish = match end {
+                    Some(Ending::Finished(reason)) if Some(i) == last => Some(reason),
+                    _ => None,
+                };
+                if tx
+                    .send(Ok(TokenEvent {
+                        token,
+                        logprobs: None,
+                        finish,
+                    }))
+                    .is_err()
+                {
+                    return;
+                }
+                sent += 1;
+            }
+            match end {
+                Some(Ending::Finished(_)) => return,
+                Some(ending) => {
+                    let _ = tx.send(Err(WireError {
+                        class: ErrorClass::Unavailable,
+                        message: format!("the request ended unfinished ({ending:?}); retry"),
+                        rank: None,
+                    }));
+                    return;
+                }
+                None => {
+                    if tail.changed().await.is_err() && tail.borrow().end.is_none() {
+                        let _ = tx.send(Err(WireError {
+                            class: ErrorClass::Unavailable,
+                            message: "the request stopped on this peer; retry".into(),
+                            rank: None,
+                        }));
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    stream
+}
+
+/// Records one request's tokens and end in the journal, in order, starting after the
+/// `recorded` tokens it holds already. While one checkpoint commits, the next tokens
+/// gather, so checkpoints batch by the commit latency. An interrupted request gets no
+/// `Finish`: it stays open for a leader to resume. Its tail is dropped at the end.
+pub(super) async fn write(
+    node: NodeHandle,
+    id: RequestId,
+    recorded: Vec<u32>,
+    mut events: mpsc::UnboundedReceiver<JournalEvent>,
+    tails: Tails,
+) {
+    let mut recorded_len = recorded.len();
+    let mut tokens = recorded;
+    let mut end: Option<Ending> = None;
+    while end.is_none() {
+        let first = events.recv().await;
+        if first.is_none() {
+            end = Some(Ending::Interrupted);
+        }
+        for event in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| events.try_recv().ok()))
+        {
+            match event {
+                JournalEvent::Token(t) => tokens.push(t),
+                JournalEvent::End(ending) => end = Some(ending),
+            }
+        }
+        if tokens.len() > recorded_len {
+            let progress = Command::Progress {
+                id: id.clone(),
+                offset: recorded_len as u32,
+                tokens: tokens[recorded_len..].to_vec(),
+            };
+            match node.propose(progress, JOURNAL_TIMEOUT).await {
+                Ok(applied) => match applied.outcome {
+                    Outcome::Applied => recorded_len = tokens.len(),
+                    // Out of step after a lost checkpoint: go on from what is recorded.
+                    Outcome::BadProgress { recorded: r } if (r as usize) <= tokens.len() => {
+                        recorded_len = r as usize;
+                    }
+                    other => warn!(request = %id, outcome = ?other, "checkpoint refused"),
+                },
+                Err(error) => warn!(request = %id, %error, "checkpoint not committed"),
+            }
+        }
+    }
+    let reason = match end {
+        Some(Ending::Finished(reason)) => Some(Some(reason)),
+        Some(Ending::Cancelled) => Some(None),
+        _ => None,
+    };
+    if let Some(reason) = reason {
+        let finish = Command::Finish {
+            id: id.clone(),
+            reason,
+            at_ms: now_ms(),
+        };
+        if let Err(error) = node.propose(finish, JOURNAL_TIMEOUT).await {
+            warn!(request = %id, %error, "completion not journaled");
+        }
+    }
+    tails.remove(&id);
+}
