@@ -2,7 +2,9 @@
 //! tp = 2 group. Any peer answers (followers forward to the leader); the leader is
 //! killed with SIGKILL and the other two elect a new one, which the shards re-register
 //! with; the tokens stay those of transformers; the killed peer restarts from its data
-//! dir and rejoins as a follower.
+//! dir and rejoins as a follower. Streams cut by a leader's death, or by every
+//! coordinator restarting, resume with `Last-Event-ID` on any peer with no gap and no
+//! duplicate.
 
 use std::time::{Duration, Instant};
 
@@ -159,6 +161,24 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     assert_eq!(&got, want);
 }
 
+/// Greedy tokens of each prompt without a fault, all requests at once (greedy tokens do
+/// not depend on the batch).
+fn references(url: &str, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| greedy(url, p, n)))
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .expect("thread")
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+            })
+            .collect()
+    })
+}
+
 /// The token ids of a stream's chunks, and the id of its last event.
 fn stream_tokens(events: &[SseEvent]) -> (Vec<u32>, Option<String>) {
     let mut tokens = Vec::new();
@@ -231,21 +251,7 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
     let prompts: Vec<Vec<u32>> = (0..STREAMS as u32)
         .map(|i| vec![1 + i, 7, 3 + i, 9])
         .collect();
-    // The reference: each prompt without a fault (all at once: greedy tokens do not
-    // depend on the batch).
-    let reference: Vec<Vec<u32>> = std::thread::scope(|scope| {
-        let runs: Vec<_> = prompts
-            .iter()
-            .map(|p| scope.spawn(|| greedy(all[0], p, TOKENS)))
-            .collect();
-        runs.into_iter()
-            .map(|r| {
-                r.join()
-                    .expect("thread")
-                    .unwrap_or_else(|e| panic!("{e:#}"))
-            })
-            .collect()
-    });
+    let reference = references(all[0], &prompts, TOKENS);
 
     let clients: Vec<_> = prompts
         .iter()
@@ -281,4 +287,43 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
         reconnected > 0,
         "the fault landed after every stream had finished"
     );
+}
+
+#[test]
+fn accepted_requests_resume_after_every_coordinator_restarts_from_disk() {
+    const STREAMS: usize = 4;
+    const TOKENS: usize = 40;
+    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
+    let (mut cluster, urls) =
+        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
+            .expect("cluster starts");
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    wait_for_leader(&all, None, Duration::from_secs(20));
+    let prompts: Vec<Vec<u32>> = (0..STREAMS as u32).map(|i| vec![5 + i, 2, 8]).collect();
+    let reference = references(all[0], &prompts, TOKENS);
+    let clients: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let urls = urls.clone();
+            let body = json!({
+                "model": "m", "prompt": prompt, "max_tokens": TOKENS, "stream": true,
+                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+            });
+            std::thread::spawn(move || resilient_stream(&urls, i % 3, &body))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1000));
+    for id in 1..=3 {
+        cluster.signal(&format!("coordinator-{id}"), Signal::SIGKILL);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for id in 1..=3 {
+        cluster.start_coordinator_peer(id).expect("restart");
+    }
+    for (i, client) in clients.into_iter().enumerate() {
+        let (tokens, reconnects) = client.join().expect("client thread");
+        assert!(reconnects > 0, "stream {i} finished before the restart");
+        assert_eq!(tokens, reference[i], "stream {i} after the restart");
+    }
 }
