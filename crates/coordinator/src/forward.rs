@@ -1,5 +1,6 @@
 //! Followers forward API calls to the leader. A coordinator peer that does not lead sends
-//! generation requests (and `/ready`) to the leader's HTTP address as they are, and
+//! generation requests, `/ready` and `/v1/cluster` (the groups live on the leader; add
+//! `?local=true` for this peer's own view) to the leader's HTTP address as they are, and
 //! streams the answer back, so a client may use any peer. While an election is under way
 //! it waits for a leader for up to [`ELECTION_WAIT`]; a call that was forwarded once is
 //! never forwarded again (it is answered here: 503 naming the leader).
@@ -24,9 +25,12 @@ use crate::leader::{ELECTION_WAIT, Leadership};
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-tessera-forwarded-by");
 
 /// Calls that only the leader can answer.
-fn leader_only(path: &str) -> bool {
-    matches!(path, "/ready" | "/v1/completions" | "/v1/chat/completions")
-        || path.starts_with("/v1/streams/")
+fn leader_only(path: &str, query: Option<&str>) -> bool {
+    match path {
+        "/ready" | "/v1/completions" | "/v1/chat/completions" => true,
+        "/v1/cluster" => !query.is_some_and(|q| q.split('&').any(|kv| kv == "local=true")),
+        _ => path.starts_with("/v1/streams/"),
+    }
 }
 
 /// The forwarding middleware's state.
@@ -66,7 +70,8 @@ impl Forwarder {
 
 /// The middleware: forwards leader-only calls when another peer leads.
 pub async fn forward(State(f): State<Forwarder>, request: Request, next: Next) -> Response {
-    if !leader_only(request.uri().path()) || request.headers().contains_key(&FORWARDED_BY) {
+    let uri = request.uri();
+    if !leader_only(uri.path(), uri.query()) || request.headers().contains_key(&FORWARDED_BY) {
         return next.run(request).await;
     }
     let Some(target) = f.target().await else {
@@ -116,11 +121,14 @@ mod tests {
             "/v1/completions",
             "/v1/chat/completions",
             "/v1/streams/cmpl-1",
+            "/v1/cluster",
         ] {
-            assert!(leader_only(path), "{path}");
+            assert!(leader_only(path, None), "{path}");
         }
-        for path in ["/health", "/v1/models", "/v1/cluster", "/metrics", "/"] {
-            assert!(!leader_only(path), "{path}");
+        for path in ["/health", "/v1/models", "/metrics", "/"] {
+            assert!(!leader_only(path, None), "{path}");
         }
+        assert!(!leader_only("/v1/cluster", Some("local=true")));
+        assert!(leader_only("/v1/cluster", Some("local=false")));
     }
 }

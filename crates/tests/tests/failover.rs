@@ -29,9 +29,10 @@ struct Greedy {
     greedy: Vec<u32>,
 }
 
-/// The leader's id as peer `url` reports it, once every peer it lists agrees on one.
+/// The leader's id as peer `url` itself sees it (`?local=true`: not forwarded), and its
+/// view.
 fn leader_seen_by(url: &str) -> Option<(u64, Value)> {
-    let (status, view) = get(&format!("{url}/v1/cluster")).ok()?;
+    let (status, view) = get(&format!("{url}/v1/cluster?local=true")).ok()?;
     if status != 200 {
         return None;
     }
@@ -326,4 +327,63 @@ fn accepted_requests_resume_after_every_coordinator_restarts_from_disk() {
         assert!(reconnects > 0, "stream {i} finished before the restart");
         assert_eq!(tokens, reference[i], "stream {i} after the restart");
     }
+}
+
+#[test]
+fn tessera_up_with_three_coordinators_starts_a_raft_group_that_serves() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let http = format!("127.0.0.1:{}", tessera_tests::free_port());
+    let log = std::fs::File::create(dir.path().join("up.log")).expect("log");
+    let mut up = std::process::Command::new(tessera_tests::bin("tessera"))
+        .args(["up", "--model"])
+        .arg(fixture("llama-gqa/f32"))
+        .args([
+            "--served-model-name",
+            "m",
+            "--tp",
+            "2",
+            "--coordinators",
+            "3",
+            "--http",
+            &http,
+            "--run-dir",
+        ])
+        .arg(dir.path().join("run"))
+        .env("TESSERA_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("tessera up starts");
+    let logs = || std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+    let url = format!("http://{http}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        // Forwarded to the leader, which drives the groups.
+        if let Ok((200, view)) = get(&format!("{url}/v1/cluster"))
+            && view["peers"].as_array().is_some_and(|p| p.len() == 3)
+            && view["groups"][0]["state"] == "serving"
+        {
+            break view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serving Raft group\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Every peer answers completions (followers forward).
+    let prompt = [1u32, 5, 9];
+    let mut answers = Vec::new();
+    for peer in view["peers"].as_array().expect("peers") {
+        let peer_url = format!("http://{}", peer["http"].as_str().expect("http"));
+        answers.push(greedy(&peer_url, &prompt, 4).unwrap_or_else(|e| panic!("{e:#}\n{}", logs())));
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(up.id() as i32), Signal::SIGTERM);
+    let status = up.wait().expect("tessera up exits");
+    assert!(status.success(), "{status:?}\n{}", logs());
 }

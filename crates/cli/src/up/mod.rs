@@ -51,6 +51,11 @@ pub struct UpArgs {
     /// directory's name].
     #[arg(long, env = "TESSERA_SERVED_MODEL_NAME", requires = "model")]
     pub served_model_name: Option<String>,
+    /// Coordinator peers of the written topology (demo or --model): 1, or 3 or 5 for a
+    /// Raft group that survives the loss of 1 or 2. Peer 1 serves the HTTP address; the
+    /// others the next ports.
+    #[arg(long, env = "TESSERA_COORDINATORS", default_value_t = 1, value_parser = coordinator_count, conflicts_with = "topology")]
+    pub coordinators: usize,
     /// KV cache memory of each shard, with --model.
     #[arg(long, env = "TESSERA_KV_MEMORY", default_value = "256MiB")]
     pub kv_memory: String,
@@ -89,6 +94,16 @@ struct Source {
     path: PathBuf,
     /// Written by `tessera up` (demo or --model).
     written: bool,
+}
+
+/// `--coordinators`: 1, 3 or 5 (an even count tolerates no more failures than one less).
+fn coordinator_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!(
+            "`{text}`: a coordinator group has 1, 3 or 5 peers (a majority must survive)"
+        )),
+    }
 }
 
 /// Runs `tessera up`.
@@ -246,6 +261,8 @@ fn topology_source(args: &UpArgs) -> anyhow::Result<Source> {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (quic_port, shard_ports) = one_host::pick_ports(tp)?;
+    let http = args.http.unwrap_or(one_host::DEFAULT_HTTP);
+    let more_coordinators = one_host::more_coordinators(http, args.coordinators - 1)?;
     let one = OneHost {
         model_name: name,
         model_path,
@@ -254,7 +271,8 @@ fn topology_source(args: &UpArgs) -> anyhow::Result<Source> {
         threads: one_host::threads_per_shard(cores, tp),
         kv_memory: args.kv_memory.clone(),
         quic_port,
-        http: args.http.unwrap_or(one_host::DEFAULT_HTTP),
+        http,
+        more_coordinators,
         shard_ports,
         made_by,
     };

@@ -1,6 +1,6 @@
 //! The topology `tessera up` writes when it is given no topology file: one host, one
-//! coordinator and one group of CPU shards for one model — the SmolLM2 demo, or `--model
-//! PATH --tp N`.
+//! coordinator peer (or 3 or 5, a Raft group, with `--coordinators`) and one group of CPU
+//! shards for one model — the SmolLM2 demo, or `--model PATH --tp N`.
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -45,6 +45,8 @@ pub struct OneHost {
     pub kv_memory: String,
     pub quic_port: u16,
     pub http: SocketAddr,
+    /// Coordinator peers after the first: their QUIC port and HTTP address each.
+    pub more_coordinators: Vec<(u16, SocketAddr)>,
     /// One per rank.
     pub shard_ports: Vec<u16>,
     /// The command line that made it, for the file's header.
@@ -61,12 +63,15 @@ impl OneHost {
             s,
             "# Every run rewrites it: to change it, copy it and pass the copy with --topology."
         );
-        let _ = writeln!(
-            s,
-            "\n[[coordinator]]\nid = 1\nhost = \"local\"\nquic = \"127.0.0.1:{}\"\nhttp = {}\ndata_dir = \"coordinator-1\"",
-            self.quic_port,
-            toml_string(&self.http.to_string()),
-        );
+        let peers =
+            std::iter::once((self.quic_port, self.http)).chain(self.more_coordinators.clone());
+        for (id, (quic, http)) in (1..).zip(peers) {
+            let _ = writeln!(
+                s,
+                "\n[[coordinator]]\nid = {id}\nhost = \"local\"\nquic = \"127.0.0.1:{quic}\"\nhttp = {}\ndata_dir = \"coordinator-{id}\"",
+                toml_string(&http.to_string()),
+            );
+        }
         let _ = writeln!(s, "\n[[host]]\nname = \"local\"\naddress = \"127.0.0.1\"");
         let _ = writeln!(
             s,
@@ -135,6 +140,32 @@ pub fn model_name_of(path: &Path) -> String {
     }
 }
 
+/// QUIC ports and HTTP addresses of `n` more coordinator peers next to the first (whose
+/// HTTP address is `first_http`): the HTTP ports after the first's where they are free,
+/// otherwise ports the system hands out.
+pub fn more_coordinators(
+    first_http: SocketAddr,
+    n: usize,
+) -> anyhow::Result<Vec<(u16, SocketAddr)>> {
+    let mut held = Vec::new();
+    let mut peers = Vec::with_capacity(n);
+    for i in 1..=n {
+        let quic = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free UDP port")?;
+        let preferred = SocketAddr::new(
+            first_http.ip(),
+            first_http.port().checked_add(i as u16).unwrap_or(0),
+        );
+        let http = match TcpListener::bind(preferred) {
+            Ok(l) if preferred.port() != 0 => l,
+            _ => TcpListener::bind(SocketAddr::new(first_http.ip(), 0))
+                .context("finding a free TCP port")?,
+        };
+        peers.push((quic.local_addr()?.port(), http.local_addr()?));
+        held.push((quic, http));
+    }
+    Ok(peers)
+}
+
 /// The QUIC port and one port per rank: the preferred ones where they are free on
 /// 127.0.0.1, otherwise ports the system hands out.
 pub fn pick_ports(tp: usize) -> anyhow::Result<(u16, Vec<u16>)> {
@@ -174,6 +205,7 @@ mod tests {
             kv_memory: "256MiB".into(),
             quic_port: 7000,
             http: DEFAULT_HTTP,
+            more_coordinators: Vec::new(),
             shard_ports: vec![7101, 7102, 7103],
             made_by: "tessera up".into(),
         }
@@ -197,6 +229,27 @@ mod tests {
         assert_eq!(group.collective, tessera_topology::Collective::Shm);
         let ports: Vec<u16> = group.shards.iter().map(|s| s.port).collect();
         assert_eq!(ports, [7101, 7102, 7103]);
+    }
+
+    #[test]
+    fn three_coordinators_make_a_raft_group_of_three_peers() {
+        let mut three = demo();
+        three.more_coordinators = more_coordinators(DEFAULT_HTTP, 2).expect("ports");
+        let text = three.text();
+        let topology = tessera_topology::Topology::parse(&text, Path::new("/run/topology.toml"))
+            .unwrap_or_else(|issues| panic!("{issues:?}\n{text}"));
+        let ids: Vec<u64> = topology.coordinators.iter().map(|c| c.id.0).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(
+            topology.coordinators[2].data_dir,
+            Path::new("/run/coordinator-3")
+        );
+        let https: std::collections::BTreeSet<String> = topology
+            .coordinators
+            .iter()
+            .map(|c| c.http.to_string())
+            .collect();
+        assert_eq!(https.len(), 3, "{text}");
     }
 
     #[test]
