@@ -224,7 +224,12 @@ impl<T: Transport> Driver<T> {
     }
 
     fn advance(&mut self) -> Result<(), super::peer::PeerError> {
-        let out = self.peer.advance()?;
+        let transport = &mut self.transport;
+        let out = self.peer.advance_sending(&mut |early| {
+            for message in early {
+                transport.send(message);
+            }
+        })?;
         for message in out.messages {
             self.transport.send(message);
         }

@@ -301,14 +301,29 @@ impl Peer {
     /// transaction), installs a leader's snapshot, applies committed entries, and returns
     /// the messages to send. Call it after every tick, step and proposal.
     pub fn advance(&mut self) -> Result<Advanced, PeerError> {
+        let mut early = Vec::new();
+        let mut out = self.advance_sending(&mut |m| early.extend(m))?;
+        early.append(&mut out.messages);
+        out.messages = early;
+        Ok(out)
+    }
+
+    /// [`Peer::advance`], handing the messages that may leave before this peer's write
+    /// (a leader's appends and heartbeats, Raft §10.2.1: they promise nothing about this
+    /// peer's disk) to `send` first, so the followers' writes overlap the leader's.
+    pub fn advance_sending(
+        &mut self,
+        send: &mut dyn FnMut(Vec<Message>),
+    ) -> Result<Advanced, PeerError> {
         let mut out = Advanced::default();
         if !self.node.has_ready() {
             return Ok(out);
         }
         let mut ready = self.node.ready();
-        // A leader's appends may go out before its own write (Raft §10.2.1): they promise
-        // nothing about this peer's disk.
-        out.messages.extend(ready.take_messages());
+        let early = ready.take_messages();
+        if !early.is_empty() {
+            send(early);
+        }
         if !ready.snapshot().is_empty() {
             self.install(ready.snapshot())?;
             out.restored = true;
