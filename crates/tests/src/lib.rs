@@ -540,10 +540,15 @@ pub fn sse(url: &str, body: Option<&Value>, last_event_id: Option<&str>) -> (Vec
         }
     };
     let mut events = Vec::new();
-    let Ok(response) = response else {
-        return (events, false);
+    let response = match response {
+        Ok(r) => r,
+        Err(error) => {
+            eprintln!("sse {url}: {error}");
+            return (events, false);
+        }
     };
     if response.status() != 200 {
+        eprintln!("sse {url}: status {}", response.status());
         return (events, false);
     }
     let reader = std::io::BufReader::new(response.into_body().into_reader());

@@ -387,3 +387,84 @@ fn tessera_up_with_three_coordinators_starts_a_raft_group_that_serves() {
     let status = up.wait().expect("tessera up exits");
     assert!(status.success(), "{status:?}\n{}", logs());
 }
+
+/// Failover time as a client sees it — leader killed → first token of the resumed stream
+/// — over `TESSERA_FAILOVER_RUNS` runs (20 by default): p50, p99 and max. A benchmark,
+/// run by hand: `cargo test --release -p tessera-tests --test failover -- --ignored
+/// --nocapture failover_time`.
+#[test]
+#[ignore = "a benchmark: run by hand"]
+fn failover_time_over_runs() {
+    use std::io::BufRead as _;
+    let runs: usize = std::env::var("TESSERA_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut times = Vec::with_capacity(runs);
+    for run in 0..runs {
+        let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
+        let (mut cluster, urls) =
+            Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "40")])
+                .expect("cluster starts");
+        let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let leader = wait_for_leader(&all, None, Duration::from_secs(20)) as usize;
+        let follower = if leader == 1 { 2 } else { 1 };
+        let body = json!({
+            "model": "m", "prompt": [3, 1, 4], "max_tokens": 120, "stream": true,
+            "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+        });
+        let url = format!("{}/v1/completions", urls[follower - 1]);
+        let reader = std::thread::spawn(move || sse(&url, Some(&body), None));
+        std::thread::sleep(Duration::from_millis(800));
+        cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
+        let killed = Instant::now();
+        let (events, done) = reader.join().expect("reader");
+        assert!(!done, "the stream ended before the fault");
+        let (_, last) = stream_tokens(&events);
+        let last = last
+            .unwrap_or_else(|| panic!("no event before the fault: {events:?}\n{}", cluster.logs()));
+        let response_id = last.rsplit_once(':').expect("id:offset").0.to_string();
+        // Reconnect (to the follower the client used) until a token arrives.
+        let took = loop {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into();
+            let response = agent
+                .get(format!("{}/v1/streams/{response_id}", urls[follower - 1]))
+                .header(
+                    "Authorization",
+                    &format!("Bearer {}", tessera_tests::TEST_API_KEY),
+                )
+                .header("Last-Event-ID", &last)
+                .call();
+            if let Ok(response) = response
+                && response.status() == 200
+            {
+                let lines = std::io::BufReader::new(response.into_body().into_reader()).lines();
+                let first = lines
+                    .map_while(Result::ok)
+                    .find(|l| l.starts_with("data:") && l.contains("token_ids"));
+                if first.is_some() {
+                    break killed.elapsed();
+                }
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(30),
+                "no resume\n{}",
+                cluster.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        eprintln!("run {run}: leader killed → first resumed token in {took:?}");
+        times.push(took);
+    }
+    times.sort();
+    let at = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    eprintln!(
+        "failover over {runs} runs: p50 {:?}, p99 {:?}, max {:?}",
+        at(0.5),
+        at(0.99),
+        times[times.len() - 1]
+    );
+}
