@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod certs_cmd;
+mod cluster_cmd;
 mod generate;
 mod remote;
 mod topology_cmd;
@@ -43,6 +44,8 @@ enum Command {
     /// Work with the cluster's certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// List the coordinator peers of a running cluster, or add, remove or replace one.
+    Cluster(cluster_cmd::ClusterArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Topology(TopologyCommand::Check(args)) => topology_cmd::check(args),
         Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
+        Command::Cluster(args) => cluster_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -111,6 +111,24 @@ pub trait Engine: Send + Sync + 'static {
         let _ = id;
         Box::pin(std::future::ready(Ok(None)))
     }
+
+    /// Adds or removes a coordinator peer, once committed. Engines without replication
+    /// have no peers to change.
+    fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
+        let _ = change;
+        Box::pin(std::future::ready(Err(WireError {
+            class: tessera_comm::proto::ErrorClass::InvalidRequest,
+            message: "this coordinator is not replicated: it has no peers to change".into(),
+            rank: None,
+        })))
+    }
+}
+
+/// A membership change of the coordinator peers (one voter at a time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerChange {
+    Add { id: u64, http: String, quic: String },
+    Remove { id: u64 },
 }
 
 /// A journaled request, resumed: what it asked, and its completion tokens from the first

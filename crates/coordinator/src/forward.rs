@@ -29,7 +29,7 @@ fn leader_only(path: &str, query: Option<&str>) -> bool {
     match path {
         "/ready" | "/v1/completions" | "/v1/chat/completions" => true,
         "/v1/cluster" => !query.is_some_and(|q| q.split('&').any(|kv| kv == "local=true")),
-        _ => path.starts_with("/v1/streams/"),
+        _ => path.starts_with("/v1/streams/") || path.starts_with("/v1/cluster/peers"),
     }
 }
 
@@ -122,6 +122,8 @@ mod tests {
             "/v1/chat/completions",
             "/v1/streams/cmpl-1",
             "/v1/cluster",
+            "/v1/cluster/peers",
+            "/v1/cluster/peers/4",
         ] {
             assert!(leader_only(path, None), "{path}");
         }

@@ -23,16 +23,19 @@ use tracing::{info, warn};
 
 use crate::cluster::Cluster;
 use crate::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerStatus, Resumed, TokenStream,
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerChange, PeerStatus, Resumed, TokenStream,
 };
 use crate::group::driver::Limits;
 use crate::replication::node::NodeHandle;
+use crate::replication::peer::MembershipChange;
 use crate::replication::peer::Role;
 use crate::replication::state::{Command, Journaled, Outcome};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
 pub const JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a membership change may take to commit (a new peer may catch up first).
+const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a request waits for an election under way before it is refused.
 pub const ELECTION_WAIT: Duration = Duration::from_secs(3);
 /// How long finished requests stay in the journal (for late reconnects).
@@ -216,10 +219,11 @@ impl Leadership {
     pub fn peers(&self) -> Vec<PeerStatus> {
         let role = self.role();
         let state = self.node.state().borrow().clone();
-        let mut ids: Vec<u64> = state.members.keys().copied().collect();
-        ids.extend(self.topology.coordinators.iter().map(|c| c.id.0));
-        ids.sort_unstable();
-        ids.dedup();
+        // The configuration's voters; the topology's peers until one is known.
+        let mut ids = self.node.voters();
+        if ids.is_empty() {
+            ids = self.topology.coordinators.iter().map(|c| c.id.0).collect();
+        }
         ids.into_iter()
             .map(|id| {
                 let member = state.members.get(&id);
@@ -442,6 +446,49 @@ impl Engine for Leadership {
                 accepted_ms: entry.accepted_ms,
                 tokens: journal::follow(tail),
             }))
+        })
+    }
+
+    fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
+        Box::pin(async move {
+            if self.cluster_soon().await.is_none() {
+                return Err(self.not_leader());
+            }
+            let voters = self.node.voters();
+            let invalid = |message: String| WireError {
+                class: ErrorClass::InvalidRequest,
+                message,
+                rank: None,
+            };
+            let membership = match change {
+                PeerChange::Add { id, http, quic } => {
+                    if voters.contains(&id) {
+                        return Err(invalid(format!("peer {id} is a member already")));
+                    }
+                    MembershipChange::Join { id, http, quic }
+                }
+                PeerChange::Remove { id } => {
+                    if !voters.contains(&id) {
+                        return Err(invalid(format!(
+                            "peer {id} is not a member (members: {voters:?})"
+                        )));
+                    }
+                    if voters.len() == 1 {
+                        return Err(invalid("the last peer cannot be removed".into()));
+                    }
+                    MembershipChange::Leave { id }
+                }
+            };
+            info!(change = ?membership, "membership change");
+            self.node
+                .change_membership(membership, MEMBERSHIP_TIMEOUT)
+                .await
+                .map(|_| ())
+                .map_err(|error| WireError {
+                    class: ErrorClass::Unavailable,
+                    message: format!("the membership change was not committed: {error}"),
+                    rank: None,
+                })
         })
     }
 

@@ -52,6 +52,11 @@ struct Args {
         hide_env_values = true
     )]
     api_keys: Vec<String>,
+    /// Join a running cluster: start with no configuration and wait for the leader
+    /// (after `tessera cluster add`), instead of bootstrapping one from the topology's
+    /// peers. Ignored when the data dir holds a configuration already.
+    #[arg(long)]
+    join: bool,
     /// The Raft log and snapshots: the topology's `data_dir` of this peer by default.
     #[arg(long, env = "TESSERA_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -109,7 +114,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
     let store = LogStore::open(&data_dir.join("raft.redb"))
         .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
-    let voters: Vec<u64> = topology.coordinators.iter().map(|c| c.id.0).collect();
+    let voters: Vec<u64> = if args.join {
+        Vec::new()
+    } else {
+        topology.coordinators.iter().map(|c| c.id.0).collect()
+    };
     let peer = Peer::start(
         me.id.0,
         &voters,

@@ -66,12 +66,18 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A TCP and UDP port that was free a moment ago on 127.0.0.1.
+/// A TCP and UDP port that was free a moment ago on 127.0.0.1, and that this process has
+/// not handed out before (the system may offer a port again once its socket is closed).
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
         let port = tcp.local_addr().expect("bound").port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) && UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }

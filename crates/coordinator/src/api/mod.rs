@@ -14,7 +14,9 @@
 //!   body or as server-sent events ([`stream`]); text comes from [`detok`].
 //! - `GET /v1/streams/{id}`: a journaled request again, resumable from any token
 //!   ([`resume`]).
-//! - `GET /v1/cluster` and the status page at `/` ([`status`]).
+//! - `GET /v1/cluster` and the status page at `/` ([`status`]); membership of the
+//!   coordinator peers: `POST /v1/cluster/peers`, `DELETE /v1/cluster/peers/{id}`
+//!   ([`peers`]).
 //!
 //! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
 //! configured ([`auth`]). Every error, including malformed JSON, a body over
@@ -30,6 +32,7 @@ mod detok;
 mod error;
 mod ids;
 mod params;
+mod peers;
 mod respond;
 mod resume;
 mod status;
@@ -45,7 +48,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, S
 use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -126,6 +129,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/chat/completions", post(chat::create_chat_completion))
         .route("/v1/cluster", get(status::cluster))
         .route("/v1/streams/{*id}", get(resume::resume))
+        .route("/v1/cluster/peers", post(peers::add))
+        .route("/v1/cluster/peers/{id}", delete(peers::remove))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

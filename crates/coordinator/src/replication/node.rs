@@ -54,6 +54,7 @@ pub struct NodeHandle {
     inputs: mpsc::Sender<Input>,
     role: watch::Receiver<Role>,
     state: watch::Receiver<Arc<ClusterState>>,
+    voters: watch::Receiver<Vec<u64>>,
     thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
 }
 
@@ -123,6 +124,11 @@ impl NodeHandle {
         self.role.clone()
     }
 
+    /// The voters of the configuration this peer applied last.
+    pub fn voters(&self) -> Vec<u64> {
+        self.voters.borrow().clone()
+    }
+
     /// The replicated state, updated after each batch of applied entries.
     pub fn state(&self) -> watch::Receiver<Arc<ClusterState>> {
         self.state.clone()
@@ -144,6 +150,7 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
     let (inputs, rx) = mpsc::channel();
     let (role_tx, role) = watch::channel(peer.role());
     let (state_tx, state) = watch::channel(Arc::new(peer.state().clone()));
+    let (voters_tx, voters) = watch::channel(peer.voters());
     let name = format!("raft-{}", peer.id());
     let thread = std::thread::Builder::new().name(name).spawn(move || {
         Driver {
@@ -152,6 +159,7 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
             waiting: HashMap::new(),
             role: role_tx,
             state: state_tx,
+            voters: voters_tx,
         }
         .run(&rx);
     })?;
@@ -159,6 +167,7 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
         inputs,
         role,
         state,
+        voters,
         thread: Arc::new(std::sync::Mutex::new(Some(thread))),
     })
 }
@@ -169,6 +178,7 @@ struct Driver<T> {
     waiting: HashMap<ProposalId, oneshot::Sender<Result<Applied, ProposalError>>>,
     role: watch::Sender<Role>,
     state: watch::Sender<Arc<ClusterState>>,
+    voters: watch::Sender<Vec<u64>>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -233,7 +243,16 @@ impl<T: Transport> Driver<T> {
         for message in out.messages {
             self.transport.send(message);
         }
-        let changed = out.restored || !out.applied.is_empty();
+        // The watches first: a proposer that wakes up sees the state it waited for.
+        if out.restored || !out.applied.is_empty() {
+            self.state.send_replace(Arc::new(self.peer.state().clone()));
+            let voters = self.peer.voters();
+            self.voters.send_if_modified(|v| {
+                let changed = *v != voters;
+                *v = voters;
+                changed
+            });
+        }
         for applied in out.applied {
             if let Some(id) = applied.proposal
                 && let Some(reply) = self.waiting.remove(&id)
@@ -243,9 +262,6 @@ impl<T: Transport> Driver<T> {
         }
         // Callers that gave up: forget them.
         self.waiting.retain(|_, reply| !reply.is_closed());
-        if changed {
-            self.state.send_replace(Arc::new(self.peer.state().clone()));
-        }
         let role = self.peer.role();
         let before = *self.role.borrow();
         if (role.leader, role.term, role.state) != (before.leader, before.term, before.state) {

@@ -118,6 +118,8 @@ pub struct Peer {
     incarnation: u64,
     next_seq: u64,
     snapshot_every: u64,
+    /// A membership change was applied since the last compaction.
+    reconfigured: bool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -144,7 +146,15 @@ impl Peer {
     ) -> Result<Peer, PeerError> {
         let initial = store.initial_state()?;
         if initial.conf_state.voters.is_empty() && !voters.is_empty() {
-            store.set_conf_state(&ConfState::from((voters.to_vec(), vec![])))?;
+            // Bootstrap: a snapshot at index 1 holding the configuration, the same on
+            // every founding peer. A peer that joins later starts empty and receives it
+            // (or a later one) from the leader, the configuration with it.
+            let mut snapshot = Snapshot::default();
+            let meta = snapshot.mut_metadata();
+            meta.index = 1;
+            meta.term = 1;
+            meta.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            store.apply_snapshot(&snapshot)?;
         }
         let snapshot = store.snapshot(0, id)?;
         let state = if snapshot.get_data().is_empty() {
@@ -175,6 +185,7 @@ impl Peer {
             incarnation,
             next_seq: 0,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            reconfigured: false,
         })
     }
 
@@ -397,6 +408,7 @@ impl Peer {
         };
         let conf_state = self.node.apply_conf_change(&cc)?;
         self.node.store().set_conf_state(&conf_state)?;
+        self.reconfigured = true;
         let Ok((proposal, change)) =
             wire::decode::<(ProposalId, MembershipChange)>(cc.get_context(), MAX_COMMAND_BYTES)
         else {
@@ -428,9 +440,13 @@ impl Peer {
     }
 
     /// Replaces the applied log with a snapshot once enough entries have piled up.
+    /// Compacts the log every `snapshot_every` applied entries, and at once after a
+    /// membership change: raft-rs installs a snapshot on a joining peer only when the
+    /// snapshot's configuration names it, so the leader must hold one that does.
     fn compact_if_due(&mut self) -> Result<(), PeerError> {
         let first = self.node.store().first_index()?;
-        if self.state.applied + 1 < first + self.snapshot_every {
+        let reconfigured = std::mem::take(&mut self.reconfigured);
+        if !reconfigured && self.state.applied + 1 < first + self.snapshot_every {
             return Ok(());
         }
         let data = self.state.snapshot()?;
