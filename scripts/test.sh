@@ -16,6 +16,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== the Raft core's failpoints (feature failpoints)"
+cargo test --locked -p tessera-coordinator --features failpoints --lib failpoint
 if [[ -n "${TESSERA_FUZZ_SECONDS:-}" ]]; then
     echo "== fuzz the wire decoders (${TESSERA_FUZZ_SECONDS}s per target)"
     scripts/fuzz.sh "$TESSERA_FUZZ_SECONDS"

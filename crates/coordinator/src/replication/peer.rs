@@ -43,6 +43,28 @@ pub enum PeerError {
     Raft(#[from] raft::Error),
     #[error("the replicated state does not decode: {0}")]
     State(#[from] tessera_comm::CommError),
+    /// A failpoint fired (feature `failpoints`, tests only): the peer stops there, as if
+    /// its process had died at that point.
+    #[error("failpoint {0} fired")]
+    Injected(&'static str),
+}
+
+/// The failpoints of [`Peer::advance`], in the order it passes them. With the feature
+/// `failpoints`, `fail::cfg(name, "…return")` makes the peer stop at one (an error, as
+/// if its process had died there); without it they cost nothing.
+pub const FAILPOINTS: [&str; 5] = [
+    "raft::before_send",
+    "raft::before_apply",
+    "raft::before_persist",
+    "raft::after_persist",
+    "raft::after_apply",
+];
+
+fn failpoint(name: &'static str) -> Result<(), PeerError> {
+    // Without the feature the macro expands to nothing.
+    let _ = name;
+    fail::fail_point!(name, |_| Err(PeerError::Injected(name)));
+    Ok(())
 }
 
 /// Why a proposal was not taken. It was not, and never will be, applied.
@@ -332,6 +354,7 @@ impl Peer {
         }
         let mut ready = self.node.ready();
         let early = ready.take_messages();
+        failpoint("raft::before_send")?;
         if !early.is_empty() {
             send(early);
         }
@@ -339,8 +362,11 @@ impl Peer {
             self.install(ready.snapshot())?;
             out.restored = true;
         }
+        failpoint("raft::before_apply")?;
         self.apply(ready.take_committed_entries(), &mut out)?;
+        failpoint("raft::before_persist")?;
         self.node.store().persist(ready.entries(), ready.hs())?;
+        failpoint("raft::after_persist")?;
         // Votes and acknowledgements: only now that what they promise is durable.
         out.messages.extend(ready.take_persisted_messages());
         let mut light = self.node.advance(ready);
@@ -349,6 +375,7 @@ impl Peer {
         }
         out.messages.extend(light.take_messages());
         self.apply(light.take_committed_entries(), &mut out)?;
+        failpoint("raft::after_apply")?;
         self.node.advance_apply();
         self.compact_if_due()?;
         Ok(out)
