@@ -6,97 +6,13 @@
 //! Needs root (CI runs as root). Where namespaces cannot be made the test says so and
 //! fails when `CI` is set; elsewhere it prints SKIPPED.
 
-use std::process::Command;
-
+use tessera_tests::netns::Net;
 use tessera_tests::{Cluster, GroupSpec, fixture, free_port, topology_text};
-
-/// Three namespaces on one bridge; removed on drop.
-struct Net {
-    tag: String,
-    subnet: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running `ip`: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Net {
-    fn create() -> Result<Net, String> {
-        let id = std::process::id() % 200 + 20;
-        let net = Net {
-            tag: format!("ts{id}"),
-            subnet: format!("10.213.{id}"),
-        };
-        let br = format!("{}br", net.tag);
-        ip(&["link", "add", &br, "type", "bridge"])?;
-        ip(&["link", "set", &br, "up"])?;
-        ip(&["addr", "add", &format!("{}.254/24", net.subnet), "dev", &br])?;
-        for (i, name) in ["a", "b", "c"].iter().enumerate() {
-            let ns = net.ns(name);
-            let inside = format!("{}{name}0", net.tag);
-            let outside = format!("{}{name}1", net.tag);
-            ip(&["netns", "add", &ns])?;
-            ip(&[
-                "link", "add", &inside, "type", "veth", "peer", "name", &outside,
-            ])?;
-            ip(&["link", "set", &inside, "netns", &ns])?;
-            ip(&["link", "set", &outside, "master", &br])?;
-            ip(&["link", "set", &outside, "up"])?;
-            let addr = format!("{}.{}/24", net.subnet, i + 1);
-            ip(&["-n", &ns, "addr", "add", &addr, "dev", &inside])?;
-            ip(&["-n", &ns, "link", "set", &inside, "up"])?;
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(net)
-    }
-
-    fn ns(&self, host: &str) -> String {
-        format!("{}-{host}", self.tag)
-    }
-
-    fn addr(&self, host: &str) -> String {
-        let i = match host {
-            "a" => 1,
-            "b" => 2,
-            _ => 3,
-        };
-        format!("{}.{i}", self.subnet)
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for name in ["a", "b", "c"] {
-            let _ = ip(&["netns", "del", &self.ns(name)]);
-        }
-        let _ = ip(&["link", "del", &format!("{}br", self.tag)]);
-    }
-}
 
 #[test]
 fn two_hosts_over_tcp_match_one_host() {
-    let net = match Net::create() {
-        Ok(net) => net,
-        Err(why) => {
-            let message = format!("cannot create network namespaces (needs root): {why}");
-            if std::env::var_os("CI").is_some() {
-                panic!("{message}");
-            }
-            eprintln!("SKIPPED: {message}");
-            return;
-        }
+    let Some(net) = Net::create_or_skip(&["a", "b", "c"], 0) else {
+        return;
     };
     let path = fixture("llama-gqa/f32");
     let mut group = GroupSpec::local("g", "m", &path, 2);
