@@ -18,10 +18,10 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::Sampling;
 use tessera_comm::quic;
 use tessera_coordinator::engine::GenerateRequest;
-use tessera_coordinator::replication::node::{self, NodeHandle};
+use tessera_coordinator::replication::node::NodeHandle;
 use tessera_coordinator::replication::peer::Peer;
 use tessera_coordinator::replication::state::Command;
-use tessera_coordinator::replication::transport::{Addresses, QuicTransport, serve_inbound};
+use tessera_coordinator::replication::transport::{self, Addresses, serve_inbound};
 use tessera_coordinator::replication::{LogStore, log};
 use tessera_topology::{PeerId, Topology};
 
@@ -74,15 +74,8 @@ async fn start_peers(n: usize, dir: &std::path::Path) -> Vec<NodeHandle> {
         let endpoint = quic::server_endpoint(*addr, &creds).expect("endpoint");
         let store = LogStore::open(&dir.join(format!("raft-{id}.redb"))).expect("store");
         let peer = Peer::start(id, &voters, store, id, &log::discard()).expect("peer");
-        let cell = Arc::default();
-        let transport = QuicTransport::new(
-            endpoint.clone(),
-            Arc::clone(&addresses),
-            Arc::clone(&cell),
-            tokio::runtime::Handle::current(),
-        );
-        let handle = node::spawn(peer, transport).expect("thread");
-        let _ = cell.set(handle.clone());
+        let handle =
+            transport::start(peer, endpoint.clone(), Arc::clone(&addresses)).expect("thread");
         let inbound = handle.clone();
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {

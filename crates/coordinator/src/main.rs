@@ -17,7 +17,7 @@ use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
 use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::leader::{Announce, Leadership};
-use tessera_coordinator::replication::transport::{Addresses, QuicTransport};
+use tessera_coordinator::replication::transport::{self, Addresses};
 use tessera_coordinator::replication::{LogStore, log, node, peer::Peer};
 use tessera_coordinator::{metrics, server};
 use tessera_model::chat::ChatTemplate;
@@ -134,15 +134,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map(|c| (c.id.0, c.quic.to_string()))
             .collect(),
     ));
-    let cell = Arc::default();
-    let transport = QuicTransport::new(
-        endpoint.clone(),
-        Arc::clone(&addresses),
-        Arc::clone(&cell),
-        tokio::runtime::Handle::current(),
-    );
-    let node = node::spawn(peer, transport).context("starting the Raft thread")?;
-    let _ = cell.set(node.clone());
+    let node = transport::start(peer, endpoint.clone(), Arc::clone(&addresses))
+        .context("starting the Raft thread")?;
     tokio::spawn(follow_members(node.clone(), addresses));
     let topology = Arc::new(topology);
     let announce = Announce {

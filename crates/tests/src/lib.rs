@@ -52,6 +52,34 @@ pub fn demo_model() -> Option<PathBuf> {
     None
 }
 
+/// The prompts of fixture `model`'s `expected.json` with transformers' greedy tokens for
+/// its f32 weights: (prompt, greedy) pairs.
+pub fn f32_greedy(model: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+    #[derive(serde::Deserialize)]
+    struct Expected {
+        prompts: Vec<Vec<u32>>,
+        variants: std::collections::BTreeMap<String, Variant>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Variant {
+        results: Vec<Greedy>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Greedy {
+        greedy: Vec<u32>,
+    }
+    let path = fixture(&format!("{model}/expected.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let expected: Expected =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let results = &expected.variants["f32"].results;
+    expected
+        .prompts
+        .into_iter()
+        .zip(results.iter().map(|r| r.greedy.clone()))
+        .collect()
+}
+
 /// A workspace binary, built by `cargo test --workspace`.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its path");

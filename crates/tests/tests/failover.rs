@@ -9,25 +9,8 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use serde::Deserialize;
 use serde_json::{Value, json};
-use tessera_tests::{Cluster, GroupSpec, SseEvent, fixture, get, post, sse, token_ids};
-
-#[derive(Deserialize)]
-struct Expected {
-    prompts: Vec<Vec<u32>>,
-    variants: std::collections::BTreeMap<String, Variant>,
-}
-
-#[derive(Deserialize)]
-struct Variant {
-    results: Vec<Greedy>,
-}
-
-#[derive(Deserialize)]
-struct Greedy {
-    greedy: Vec<u32>,
-}
+use tessera_tests::{Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, post, sse, token_ids};
 
 /// The leader's id as peer `url` itself sees it (`?local=true`: not forwarded), and its
 /// view.
@@ -81,12 +64,8 @@ fn greedy(url: &str, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u32>> {
 
 #[test]
 fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
-    let expected: Expected = serde_json::from_str(
-        &std::fs::read_to_string(fixture("llama-gqa/expected.json")).expect("expected.json"),
-    )
-    .expect("expected.json parses");
-    let prompt = &expected.prompts[0];
-    let want = &expected.variants["f32"].results[0].greedy;
+    let expected = f32_greedy("llama-gqa");
+    let (prompt, want) = &expected[0];
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
     let (mut cluster, urls) = Cluster::start_local_peers(3, &[group], &[]).expect("cluster starts");
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -199,6 +178,26 @@ fn stream_tokens(events: &[SseEvent]) -> (Vec<u32>, Option<String>) {
     (tokens, last)
 }
 
+/// One [`resilient_stream`] client thread per prompt, spread over the peers.
+fn start_streams(
+    urls: &[String],
+    prompts: &[Vec<u32>],
+    tokens: usize,
+) -> Vec<std::thread::JoinHandle<(Vec<u32>, usize)>> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let urls = urls.to_vec();
+            let body = json!({
+                "model": "m", "prompt": prompt, "max_tokens": tokens, "stream": true,
+                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+            });
+            std::thread::spawn(move || resilient_stream(&urls, i % urls.len(), &body))
+        })
+        .collect()
+}
+
 /// One client: streams a completion through `first`, and when the connection breaks
 /// reconnects to the peers in turn with `Last-Event-ID` until `[DONE]`. Its tokens and
 /// how many times it reconnected.
@@ -254,18 +253,7 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
         .collect();
     let reference = references(all[0], &prompts, TOKENS);
 
-    let clients: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| {
-            let urls = urls.clone();
-            let body = json!({
-                "model": "m", "prompt": prompt, "max_tokens": TOKENS, "stream": true,
-                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
-            });
-            std::thread::spawn(move || resilient_stream(&urls, i % 3, &body))
-        })
-        .collect();
+    let clients = start_streams(&urls, &prompts, TOKENS);
     std::thread::sleep(Duration::from_millis(1200));
     cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
     let killed = Instant::now();
@@ -302,18 +290,7 @@ fn accepted_requests_resume_after_every_coordinator_restarts_from_disk() {
     wait_for_leader(&all, None, Duration::from_secs(20));
     let prompts: Vec<Vec<u32>> = (0..STREAMS as u32).map(|i| vec![5 + i, 2, 8]).collect();
     let reference = references(all[0], &prompts, TOKENS);
-    let clients: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| {
-            let urls = urls.clone();
-            let body = json!({
-                "model": "m", "prompt": prompt, "max_tokens": TOKENS, "stream": true,
-                "temperature": 0, "ignore_eos": true, "return_token_ids": true,
-            });
-            std::thread::spawn(move || resilient_stream(&urls, i % 3, &body))
-        })
-        .collect();
+    let clients = start_streams(&urls, &prompts, TOKENS);
     std::thread::sleep(Duration::from_millis(1000));
     for id in 1..=3 {
         cluster.signal(&format!("coordinator-{id}"), Signal::SIGKILL);

@@ -6,31 +6,10 @@
 //! The demo model (SmolLM2, 9 heads, 3 KV heads) must give the same tokens at tp = 3
 //! as at tp = 1.
 
-use serde::Deserialize;
-use tessera_tests::{Cluster, GroupSpec, demo_model, fixture};
-
-#[derive(Deserialize)]
-struct Expected {
-    prompts: Vec<Vec<u32>>,
-    variants: std::collections::BTreeMap<String, Variant>,
-}
-
-#[derive(Deserialize)]
-struct Variant {
-    results: Vec<Greedy>,
-}
-
-#[derive(Deserialize)]
-struct Greedy {
-    greedy: Vec<u32>,
-}
+use tessera_tests::{Cluster, GroupSpec, demo_model, f32_greedy, fixture};
 
 fn same_tokens_at_every_tp(model: &str) {
-    let expected: Expected = serde_json::from_str(
-        &std::fs::read_to_string(fixture(&format!("{model}/expected.json")))
-            .expect("expected.json is readable"),
-    )
-    .expect("expected.json parses");
+    let expected = f32_greedy(model);
     let path = fixture(&format!("{model}/f32"));
     let tps = [1, 2, 4];
     let groups: Vec<GroupSpec> = tps
@@ -38,15 +17,14 @@ fn same_tokens_at_every_tp(model: &str) {
         .map(|tp| GroupSpec::local(&format!("tp{tp}"), &format!("m{tp}"), &path, *tp))
         .collect();
     let cluster = Cluster::start_local(&groups).expect("the cluster starts");
-    let reference = &expected.variants["f32"].results;
-    for (prompt, want) in expected.prompts.iter().zip(reference) {
+    for (prompt, want) in &expected {
         for tp in tps {
             let got = cluster
-                .greedy(&format!("m{tp}"), prompt, want.greedy.len())
+                .greedy(&format!("m{tp}"), prompt, want.len())
                 .unwrap_or_else(|e| panic!("{model} tp = {tp}: {e:#}"));
             assert_eq!(
-                got,
-                want.greedy,
+                &got,
+                want,
                 "{model} at tp = {tp}, prompt of {} tokens: tokens differ from transformers\n{}",
                 prompt.len(),
                 cluster.logs()

@@ -95,6 +95,25 @@ impl Transport for QuicTransport {
     }
 }
 
+/// Starts driving `peer`, its messages going over QUIC from `endpoint` to the peers at
+/// `addresses`. Must run inside a tokio runtime.
+pub fn start(
+    peer: super::peer::Peer,
+    endpoint: quinn::Endpoint,
+    addresses: Addresses,
+) -> std::io::Result<NodeHandle> {
+    let cell: NodeCell = Arc::default();
+    let transport = QuicTransport::new(
+        endpoint,
+        addresses,
+        Arc::clone(&cell),
+        tokio::runtime::Handle::current(),
+    );
+    let node = super::node::spawn(peer, transport)?;
+    let _ = cell.set(node.clone());
+    Ok(node)
+}
+
 fn unreachable(node: &NodeCell, message: &Message) {
     if let Some(node) = node.get() {
         node.unreachable(message.to, is_snapshot(message));
