@@ -11,7 +11,7 @@ use tessera_topology::{Collective, Topology};
 
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
 use crate::group::GroupHandle;
-use crate::group::driver::{self, GroupConfig, Limits};
+use crate::group::driver::{self, EpochJournal, GroupConfig, Limits};
 use crate::group::scheduler::SchedulerConfig;
 
 /// Every group of the topology, with a running driver each.
@@ -25,6 +25,18 @@ pub struct Cluster {
 impl Cluster {
     /// Starts one driver per group of `topology`. Must run inside a tokio runtime.
     pub fn start(topology: &Topology, term: u64, limits: Limits) -> Cluster {
+        Cluster::start_recorded(topology, term, limits, &BTreeMap::new(), None)
+    }
+
+    /// [`Cluster::start`], each group's epochs starting after `epochs[group]` and recorded,
+    /// with its ready shards, in `journal`.
+    pub fn start_recorded(
+        topology: &Topology,
+        term: u64,
+        limits: Limits,
+        epochs: &BTreeMap<String, u64>,
+        journal: Option<EpochJournal>,
+    ) -> Cluster {
         let seq_ids = Arc::new(AtomicU64::new(1));
         let groups = topology
             .groups
@@ -54,6 +66,8 @@ impl Cluster {
                     term,
                     limits,
                     scheduler: SchedulerConfig::default(),
+                    first_epoch: epochs.get(&g.name).copied().unwrap_or(0),
+                    journal: journal.clone(),
                 };
                 (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))
             })

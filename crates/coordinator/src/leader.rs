@@ -25,7 +25,7 @@ use crate::cluster::Cluster;
 use crate::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerChange, PeerStatus, Resumed, TokenStream,
 };
-use crate::group::driver::Limits;
+use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::MembershipChange;
 use crate::replication::peer::Role;
@@ -113,7 +113,30 @@ impl Leadership {
                     unfinished = open,
                     "leading: driving the groups"
                 );
-                let cluster = Cluster::start(&self.topology, role.term, limits);
+                let epochs = self
+                    .node
+                    .state()
+                    .borrow()
+                    .groups
+                    .iter()
+                    .map(|(name, g)| (name.clone(), g.epoch))
+                    .collect();
+                let node = self.node.clone();
+                let journal = EpochJournal(Arc::new(move |command| {
+                    let node = node.clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = node.propose(command, JOURNAL_TIMEOUT).await {
+                            warn!(%error, "group change not recorded");
+                        }
+                    });
+                }));
+                let cluster = Cluster::start_recorded(
+                    &self.topology,
+                    role.term,
+                    limits,
+                    &epochs,
+                    Some(journal),
+                );
                 self.set(Some(Leading {
                     term: role.term,
                     cluster: cluster.clone(),

@@ -31,6 +31,12 @@ fn leader_seen_by(url: &str) -> Option<(u64, Value)> {
     }
 }
 
+/// The group's epoch, as the leader reports it (through any peer).
+fn group_epoch(url: &str) -> u64 {
+    let (_, view) = get(&format!("{url}/v1/cluster")).expect("GET /v1/cluster");
+    view["groups"][0]["epoch"].as_u64().expect("a group epoch")
+}
+
 fn wait_for_leader(urls: &[&str], not: Option<u64>, timeout: Duration) -> u64 {
     let deadline = Instant::now() + timeout;
     loop {
@@ -103,6 +109,7 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     }
 
     // SIGKILL the leader; the others elect a new one, and it serves.
+    let epoch_before = group_epoch(all[0]);
     cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
     let killed = Instant::now();
     let survivors: Vec<&str> = (1..=3u64)
@@ -127,6 +134,12 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     assert_eq!(&served, want, "after failover");
     let new_leader = wait_for_leader(&survivors, Some(leader), Duration::from_secs(10));
     assert_ne!(new_leader, leader);
+    // The new leader's epochs continue from the replicated state's.
+    let epoch_after = group_epoch(survivors[0]);
+    assert!(
+        epoch_after > epoch_before,
+        "epoch {epoch_after} after failover, {epoch_before} before"
+    );
 
     // The killed peer restarts from its data dir and follows the new leader.
     cluster

@@ -26,6 +26,7 @@ use super::scheduler::{Emitted, Refused, Scheduler, SchedulerConfig};
 use super::{GroupCommand, GroupHandle, ShardLink, Shared, TokenSender};
 use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
 use crate::metrics as m;
+use crate::replication::state::Command;
 
 /// How a group's ranks find each other, and the limits it runs under.
 #[derive(Clone, Debug)]
@@ -40,6 +41,21 @@ pub struct GroupConfig {
     pub term: u64,
     pub limits: Limits,
     pub scheduler: SchedulerConfig,
+    /// Epochs handed out start after this one (the replicated state's, so that epochs
+    /// keep growing across coordinator leaders).
+    pub first_epoch: u64,
+    /// Where new epochs and ready shards are recorded (the replicated state).
+    pub journal: Option<EpochJournal>,
+}
+
+/// Records a group's epochs (`Fence`) and ready shards (`ShardUp`); it must not block.
+#[derive(Clone)]
+pub struct EpochJournal(pub Arc<dyn Fn(Command) + Send + Sync>);
+
+impl std::fmt::Debug for EpochJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EpochJournal")
+    }
 }
 
 /// Deadlines of a group.
@@ -147,7 +163,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         links: (0..config.tp).map(|_| None).collect(),
         sched: Scheduler::new(config.term, config.scheduler),
         state: State::Down,
-        epoch: 0,
+        epoch: config.first_epoch,
         next_conn: 0,
         waiting: HashMap::new(),
         last_done: vec![0; config.tp],
@@ -378,7 +394,15 @@ impl Driver {
                         kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
                         "rank ready"
                     );
+                    let r = event.rank.0 as usize;
                     slots[r] = Some((ready.kv_blocks, ready.block_size));
+                    self.record(Command::ShardUp {
+                        group: self.config.name.clone(),
+                        rank: event.rank.0,
+                        epoch: ready.epoch,
+                        host: self.config.hosts.get(r).cloned().unwrap_or_default(),
+                        pid: self.status.shards[r].pid.unwrap_or(0),
+                    });
                     let shard = &mut self.status.shards[r];
                     shard.state = "ready";
                     shard.weight_bytes = ready.weight_bytes;
@@ -556,6 +580,12 @@ impl Driver {
         Ok(())
     }
 
+    fn record(&self, command: Command) {
+        if let Some(journal) = &self.config.journal {
+            (journal.0)(command);
+        }
+    }
+
     /// Starts a new epoch when every rank is connected and the group is down.
     async fn maybe_assign(&mut self) {
         if !matches!(self.state, State::Down) || self.links.iter().any(Option::is_none) {
@@ -564,6 +594,10 @@ impl Driver {
         self.epoch += 1;
         let epoch = self.epoch;
         metrics::gauge!(m::GROUP_EPOCH, "group" => self.config.name.clone()).set(epoch as f64);
+        self.record(Command::Fence {
+            group: self.config.name.clone(),
+            epoch,
+        });
         let bootstrap = match (&self.config.tcp_peers, self.config.tp) {
             (_, 1) => Bootstrap::Solo,
             (Some(peers), _) => Bootstrap::Tcp {
