@@ -2,10 +2,8 @@
 //! generation requests, `/ready` and `/v1/cluster` (the groups live on the leader; add
 //! `?local=true` for this peer's own view) to the leader's HTTP address as they are, and
 //! streams the answer back, so a client may use any peer. While an election is under way
-//! it waits for a leader for up to [`ELECTION_WAIT`]; a call that was forwarded once is
+//! it waits for a leader for up to [`crate::leader::ELECTION_WAIT`]; a call that was forwarded once is
 //! never forwarded again (it is answered here: 503 naming the leader).
-
-use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -19,7 +17,7 @@ use tessera_comm::proto::{ErrorClass, WireError};
 use tracing::debug;
 
 use crate::api::ApiError;
-use crate::leader::{ELECTION_WAIT, Leadership};
+use crate::leader::{Leader, Leadership};
 
 /// Set on a forwarded call: the id of the peer that forwarded it.
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-tessera-forwarded-by");
@@ -51,19 +49,9 @@ impl Forwarder {
     /// The leader's HTTP address when another peer leads; `None` to answer here. Waits
     /// for an election under way.
     async fn target(&self) -> Option<String> {
-        let deadline = Instant::now() + ELECTION_WAIT;
-        loop {
-            let role = self.leadership.role();
-            if role.is_leader() {
-                return None;
-            }
-            if let Some((_, http)) = self.leadership.other_leader() {
-                return Some(http);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        match self.leadership.leader_soon().await {
+            Leader::Other { http, .. } => Some(http),
+            Leader::This(_) | Leader::Unknown => None,
         }
     }
 }

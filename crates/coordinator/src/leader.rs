@@ -59,6 +59,17 @@ struct Leading {
     cluster: Cluster,
 }
 
+/// Who leads, as [`Leadership::leader_soon`] finds out.
+#[derive(Debug)]
+pub enum Leader {
+    /// This peer: its groups.
+    This(Cluster),
+    /// Another peer, at this HTTP address.
+    Other { id: u64, http: String },
+    /// No leader within [`ELECTION_WAIT`].
+    Unknown,
+}
+
 /// This process, as it announces itself to the others.
 #[derive(Clone, Debug)]
 pub struct Announce {
@@ -107,15 +118,10 @@ impl Leadership {
         match (term, role.is_leader()) {
             (Some(t), true) if t == role.term => {}
             (_, true) => {
-                let open = self.node.state().borrow().unfinished().len();
-                info!(
-                    term = role.term,
-                    unfinished = open,
-                    "leading: driving the groups"
-                );
+                info!(term = role.term, "leading: driving the groups");
                 let epochs = self
                     .node
-                    .state()
+                    .summary()
                     .borrow()
                     .groups
                     .iter()
@@ -181,19 +187,29 @@ impl Leadership {
         self.leading().map(|l| l.cluster)
     }
 
-    /// The groups, waiting up to [`ELECTION_WAIT`] while no leader is known (an election
-    /// under way); `None` when another peer leads, or none emerged in time.
-    pub async fn cluster_soon(&self) -> Option<Cluster> {
+    /// Who leads, waiting up to [`ELECTION_WAIT`] while no leader is known (an election
+    /// under way) or while this peer, elected, is starting its groups.
+    pub async fn leader_soon(&self) -> Leader {
         let deadline = Instant::now() + ELECTION_WAIT;
         loop {
             if let Some(cluster) = self.cluster() {
-                return Some(cluster);
+                return Leader::This(cluster);
             }
-            let role = self.role();
-            if (role.leader != 0 && role.leader != self.me) || Instant::now() >= deadline {
-                return None;
+            if let Some((id, http)) = self.other_leader() {
+                return Leader::Other { id, http };
+            }
+            if Instant::now() >= deadline {
+                return Leader::Unknown;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The groups, once this peer leads ([`Leadership::leader_soon`]).
+    pub async fn cluster_soon(&self) -> Option<Cluster> {
+        match self.leader_soon().await {
+            Leader::This(cluster) => Some(cluster),
+            _ => None,
         }
     }
 
@@ -212,7 +228,7 @@ impl Leadership {
     }
 
     fn http_of(&self, id: u64) -> Option<String> {
-        if let Some(member) = self.node.state().borrow().members.get(&id) {
+        if let Some(member) = self.node.summary().borrow().members.get(&id) {
             return Some(member.http.clone());
         }
         self.topology
@@ -241,7 +257,7 @@ impl Leadership {
     /// Every peer of the configuration, as this peer sees them.
     pub fn peers(&self) -> Vec<PeerStatus> {
         let role = self.role();
-        let state = self.node.state().borrow().clone();
+        let summary = self.node.summary().borrow().clone();
         // The configuration's voters; the topology's peers until one is known.
         let mut ids = self.node.voters();
         if ids.is_empty() {
@@ -249,7 +265,7 @@ impl Leadership {
         }
         ids.into_iter()
             .map(|id| {
-                let member = state.members.get(&id);
+                let member = summary.members.get(&id);
                 PeerStatus {
                     id,
                     http: self.http_of(id).unwrap_or_default(),
@@ -268,14 +284,19 @@ impl Leadership {
 
     /// Resumes every request the journal holds open, in the order they were accepted.
     async fn resume_open(self, cluster: Cluster) {
-        let open: Vec<(String, Journaled)> = self
+        let open = self
             .node
-            .state()
-            .borrow()
-            .unfinished()
-            .into_iter()
-            .map(|(id, j)| (id.clone(), j.clone()))
-            .collect();
+            .read(|state| {
+                let open = state.unfinished().into_iter();
+                open.map(|(id, j)| (id.clone(), j.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+        info!(
+            requests = open.len(),
+            "resuming the journal's open requests"
+        );
         for (id, entry) in open {
             if let Err(error) = self.continue_request(&cluster, &id, &entry).await {
                 warn!(request = %id, %error, "journaled request not resumed");
@@ -449,7 +470,9 @@ impl Engine for Leadership {
             let Some(cluster) = self.cluster_soon().await else {
                 return Err(self.not_leader());
             };
-            let Some(entry) = self.node.state().borrow().journal.get(&id).cloned() else {
+            let key = id.clone();
+            let entry = self.node.read(move |s| s.journal.get(&key).cloned()).await;
+            let Some(entry) = entry.flatten() else {
                 return Ok(None);
             };
             let tail = match (self.tails.get(&id), entry.finished) {

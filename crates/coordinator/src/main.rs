@@ -237,10 +237,10 @@ fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
 
 /// Dials members that joined after start at the addresses they announced.
 async fn follow_members(node: node::NodeHandle, addresses: Addresses) {
-    let mut state = node.state();
+    let mut summary = node.summary();
     loop {
         {
-            let members = state.borrow_and_update();
+            let members = summary.borrow_and_update();
             let mut known = addresses.write().unwrap_or_else(|e| e.into_inner());
             for (id, member) in &members.members {
                 if !member.quic.is_empty() {
@@ -248,7 +248,7 @@ async fn follow_members(node: node::NodeHandle, addresses: Addresses) {
                 }
             }
         }
-        if state.changed().await.is_err() {
+        if summary.changed().await.is_err() {
             return;
         }
     }

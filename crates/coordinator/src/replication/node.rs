@@ -2,7 +2,8 @@
 //! block the async runtime) that ticks the peer every [`TICK`], feeds it the messages and
 //! proposals that arrive, and after each hands the messages it produced to a
 //! [`Transport`]. Callers hold a [`NodeHandle`]: they propose commands and wait for them
-//! to be applied, watch the peer's role, and watch the replicated state.
+//! to be applied, watch the peer's role and the members and groups, and read the
+//! replicated state.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::{error, info};
 
 use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposeError, Role, TICK};
-use super::state::{ClusterState, Command};
+use super::state::{ClusterState, Command, Summary};
 
 /// Where a peer's messages go. Sending never blocks: a transport queues, and reports a
 /// message it could not deliver through [`NodeHandle::unreachable`].
@@ -40,8 +41,12 @@ enum Input {
     Propose(Proposal, oneshot::Sender<Result<Applied, ProposalError>>),
     Unreachable { to: u64, snapshot: bool },
     SnapshotSent { to: u64 },
+    Read(Read),
     Stop,
 }
+
+/// A reader of the replicated state, run on the driver's thread.
+type Read = Box<dyn FnOnce(&ClusterState) + Send>;
 
 enum Proposal {
     Command(Command),
@@ -53,7 +58,7 @@ enum Proposal {
 pub struct NodeHandle {
     inputs: mpsc::Sender<Input>,
     role: watch::Receiver<Role>,
-    state: watch::Receiver<Arc<ClusterState>>,
+    summary: watch::Receiver<Arc<Summary>>,
     voters: watch::Receiver<Vec<u64>>,
     thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
 }
@@ -129,9 +134,24 @@ impl NodeHandle {
         self.voters.borrow().clone()
     }
 
-    /// The replicated state, updated after each batch of applied entries.
-    pub fn state(&self) -> watch::Receiver<Arc<ClusterState>> {
-        self.state.clone()
+    /// Members and groups of the replicated state, updated when they change.
+    pub fn summary(&self) -> watch::Receiver<Arc<Summary>> {
+        self.summary.clone()
+    }
+
+    /// Runs `f` on the replicated state as this peer has applied it (after every
+    /// proposal this peer has seen applied); `None` when the peer has stopped. The state
+    /// is not copied: the journal it holds may be large.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ClusterState) -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        let read: Read = Box::new(move |state| {
+            let _ = tx.send(f(state));
+        });
+        self.inputs.send(Input::Read(read)).ok()?;
+        rx.await.ok()
     }
 
     /// Stops the peer and waits for its thread (what a crash or a shutdown leaves: the
@@ -149,7 +169,7 @@ impl NodeHandle {
 pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandle> {
     let (inputs, rx) = mpsc::channel();
     let (role_tx, role) = watch::channel(peer.role());
-    let (state_tx, state) = watch::channel(Arc::new(peer.state().clone()));
+    let (summary_tx, summary) = watch::channel(Arc::new(peer.state().summary()));
     let (voters_tx, voters) = watch::channel(peer.voters());
     let name = format!("raft-{}", peer.id());
     let thread = std::thread::Builder::new().name(name).spawn(move || {
@@ -158,7 +178,7 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
             transport,
             waiting: HashMap::new(),
             role: role_tx,
-            state: state_tx,
+            summary: summary_tx,
             voters: voters_tx,
         }
         .run(&rx);
@@ -166,7 +186,7 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
     Ok(NodeHandle {
         inputs,
         role,
-        state,
+        summary,
         voters,
         thread: Arc::new(std::sync::Mutex::new(Some(thread))),
     })
@@ -177,7 +197,7 @@ struct Driver<T> {
     transport: T,
     waiting: HashMap<ProposalId, oneshot::Sender<Result<Applied, ProposalError>>>,
     role: watch::Sender<Role>,
-    state: watch::Sender<Arc<ClusterState>>,
+    summary: watch::Sender<Arc<Summary>>,
     voters: watch::Sender<Vec<u64>>,
 }
 
@@ -229,6 +249,7 @@ impl<T: Transport> Driver<T> {
                 }
             }
             Input::SnapshotSent { to } => self.peer.report_snapshot(to, true),
+            Input::Read(read) => read(self.peer.state()),
             Input::Stop => {}
         }
     }
@@ -245,7 +266,14 @@ impl<T: Transport> Driver<T> {
         }
         // The watches first: a proposer that wakes up sees the state it waited for.
         if out.restored || !out.applied.is_empty() {
-            self.state.send_replace(Arc::new(self.peer.state().clone()));
+            let summary = self.peer.state().summary();
+            self.summary.send_if_modified(|s| {
+                let changed = **s != summary;
+                if changed {
+                    *s = Arc::new(summary);
+                }
+                changed
+            });
             let voters = self.peer.voters();
             self.voters.send_if_modified(|v| {
                 let changed = *v != voters;

@@ -138,7 +138,24 @@ pub struct ClusterState {
     pub journal: BTreeMap<RequestId, Journaled>,
 }
 
+/// The replicated state without its request journal (and without `applied`): small, and
+/// changed only by membership and group events, so it is published to watchers on every
+/// change. The journal is read where it lives ([`super::node::NodeHandle::read`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub members: BTreeMap<u64, Member>,
+    pub groups: BTreeMap<String, GroupRecord>,
+}
+
 impl ClusterState {
+    /// Members and groups.
+    pub fn summary(&self) -> Summary {
+        Summary {
+            members: self.members.clone(),
+            groups: self.groups.clone(),
+        }
+    }
+
     /// Applies the command of log entry `index`. Entries at or below
     /// [`ClusterState::applied`] were applied already (a replay after a restart) and
     /// change nothing.

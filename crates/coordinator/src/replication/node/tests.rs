@@ -107,7 +107,7 @@ async fn three_peers_elect_commit_and_survive_the_leader_stopping() {
 
     // Every peer applies it.
     for id in 1..=3u64 {
-        let mut state = network.lock().expect("network")[&id].state();
+        let mut state = network.lock().expect("network")[&id].summary();
         tokio::time::timeout(
             Duration::from_secs(5),
             state.wait_for(|s| s.groups.get("g").is_some_and(|g| g.epoch == 1)),
@@ -136,7 +136,7 @@ async fn three_peers_elect_commit_and_survive_the_leader_stopping() {
 
     // It restarts from its store and catches up.
     let restarted = start(first, stores[first as usize - 1].clone(), &network);
-    let mut state = restarted.state();
+    let mut state = restarted.summary();
     tokio::time::timeout(
         Duration::from_secs(10),
         state.wait_for(|s| s.groups.get("g").is_some_and(|g| g.epoch == 2)),
