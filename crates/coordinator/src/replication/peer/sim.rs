@@ -332,6 +332,17 @@ impl Sim {
             max_delay_ms: 5,
         };
         self.run(5_000, calm, false);
+        // An election may still be settling (raft-rs draws its own randomized timeouts):
+        // up to 25 s more; a livelock would not end there either, and fails the check.
+        let mut extra = 0;
+        while self.leader().is_none() && extra < 25 {
+            self.run(1_000, calm, false);
+            extra += 1;
+        }
+        if extra > 0 {
+            // Let the new leader bring every peer up to date.
+            self.run(2_000, calm, false);
+        }
     }
 
     /// Each peer's role, applied index and log bounds.
@@ -407,7 +418,8 @@ impl Sim {
         }
         assert!(
             self.leader().is_some(),
-            "seed {seed}: a leader after healing"
+            "seed {seed}: a leader after healing: {}",
+            self.describe()
         );
         linearizable::check(&ClusterState::default(), &self.history)
     }
