@@ -26,9 +26,11 @@ use tessera_topology::Rank;
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
-/// A sequence: one generation stream of a request, unique within a coordinator term.
+/// A sequence: one generation stream of a request. A coordinator leader numbers them
+/// from its Raft term up (`term << 40`), so sequences carried over from an earlier
+/// leader's epoch never share an id with new ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SeqId(pub u64);
 
@@ -73,6 +75,24 @@ pub struct Register {
     pub pid: u32,
     /// The device it computes on, as written in the topology (`cpu`, `cuda:0`).
     pub device: String,
+    /// The journaled sequences this rank still holds from its last epoch, with their KV
+    /// intact (prompt complete, not finished): a new coordinator leader may carry them
+    /// into its first epoch ([`Assignment::keep`]) instead of recomputing them.
+    pub held: Vec<HeldSeq>,
+}
+
+/// A sequence a shard still holds, as it reports it when it registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSeq {
+    pub seq: SeqId,
+    /// The request journal's id ([`NewSeq::request`]).
+    pub request: String,
+    pub prompt_len: u32,
+    /// Every token generated so far (every rank has them: rank 0 shares each sample).
+    pub generated: Vec<u32>,
+    /// Positions whose K/V is in the cache: prompt + generated − 1 (the last token is
+    /// computed by the next decode).
+    pub computed: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +105,8 @@ pub struct Ready {
     pub block_size: u32,
     /// Bytes of weights this rank read from the model files (its slice only).
     pub weight_bytes: u64,
+    /// The sequences of [`Assignment::keep`] this rank carried into the epoch.
+    pub kept: Vec<SeqId>,
 }
 
 /// What a shard reports after executing one [`StepPlan`].
@@ -188,6 +210,9 @@ pub struct Assignment {
     pub bootstrap: Bootstrap,
     /// How long one collective call may wait for the other ranks.
     pub collective_deadline_ms: u64,
+    /// Sequences to carry into this epoch with their KV cache (every rank reported them
+    /// held, alike); every other sequence is freed. Empty: start with an empty cache.
+    pub keep: Vec<SeqId>,
 }
 
 /// How the ranks of a group find each other.
@@ -233,6 +258,10 @@ pub struct PrefillChunk {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NewSeq {
     pub seq: SeqId,
+    /// The request journal's id (`cmpl-…`, with `/N` for choice N > 0), which a shard
+    /// reports with the sequence when it registers with a new leader; empty when the
+    /// request is not journaled.
+    pub request: String,
     pub prompt: Vec<u32>,
     /// Tokens already generated (and sent to the client) before the sequence was
     /// preempted: recomputed with the prompt, never sampled again.

@@ -109,6 +109,7 @@ fn register(rank: u32) -> ShardMsg {
         rank: Rank(rank),
         pid: std::process::id(),
         device: "cpu".into(),
+        held: Vec::new(),
     })
 }
 

@@ -7,9 +7,9 @@ use rand::{Rng as _, SeedableRng as _};
 use tessera_comm::CommError;
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, FinishReason, NewSeq, PROTOCOL_VERSION,
-    PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone, StepPlan,
-    StepTimings, TokenLogprobs, WireError,
+    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, FinishReason, HeldSeq, NewSeq,
+    PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone,
+    StepPlan, StepTimings, TokenLogprobs, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -25,6 +25,13 @@ fn shard_msgs() -> Vec<ShardMsg> {
             rank: Rank(3),
             pid: 4242,
             device: "cuda:1".into(),
+            held: vec![HeldSeq {
+                seq: SeqId(5 << 40 | 9),
+                request: "cmpl-abc/1".into(),
+                prompt_len: 12,
+                generated: vec![7, 8, 9],
+                computed: 14,
+            }],
         }),
         ShardMsg::Loading {
             epoch: 2,
@@ -37,6 +44,7 @@ fn shard_msgs() -> Vec<ShardMsg> {
             kv_blocks: 4096,
             block_size: 16,
             weight_bytes: 17 << 30,
+            kept: vec![SeqId(5 << 40 | 9)],
         }),
         ShardMsg::StepDone(StepDone {
             epoch: 2,
@@ -91,6 +99,7 @@ fn step_plan() -> StepPlan {
         free: vec![SeqId(3), SeqId(4)],
         new: vec![NewSeq {
             seq: SeqId(10),
+            request: "chatcmpl-xyz".into(),
             prompt: (0..5000).map(|i| i * 37 % 150_000).collect(),
             generated: vec![17, 18],
             sampling: Sampling {
@@ -123,6 +132,7 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
             token: GroupToken([7; 32]),
             bootstrap,
             collective_deadline_ms: 2000,
+            keep: vec![SeqId(1), SeqId(2)],
         })
     };
     vec![

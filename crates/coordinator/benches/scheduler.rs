@@ -31,9 +31,10 @@ fn plan_step(c: &mut Criterion) {
     };
     let mut s = Scheduler::new(1, config);
     // Enough blocks for every running sequence to grow for the whole benchmark.
-    s.start_epoch(1, 4_000_000, 16);
+    s.start_epoch(1, 4_000_000, 16, Vec::new(), now);
     for i in 0..1256 {
-        s.submit(SeqId(i), request(i), now).expect("queued");
+        s.submit(SeqId(i), "", request(i), Vec::new(), now)
+            .expect("queued");
     }
     let step_tokens = |plan: &tessera_comm::proto::StepPlan| -> Vec<SeqToken> {
         plan.decode

@@ -37,7 +37,9 @@ impl Cluster {
         epochs: &BTreeMap<String, u64>,
         journal: Option<EpochJournal>,
     ) -> Cluster {
-        let seq_ids = Arc::new(AtomicU64::new(1));
+        // Numbered from the term up, so that sequences shards carry over from an
+        // earlier leader's epoch keep ids no new sequence takes.
+        let seq_ids = Arc::new(AtomicU64::new((term << 40) + 1));
         let groups = topology
             .groups
             .iter()
@@ -80,6 +82,25 @@ impl Cluster {
 
     pub fn group(&self, name: &str) -> Option<&GroupHandle> {
         self.groups.get(name)
+    }
+
+    /// Queues `request` (journal id `id`) on a group of its model, to go on after the
+    /// `generated` tokens it produced before (a resumed request: the group runs it on from
+    /// its shards' cache when they still hold it, else recomputes prompt + `generated`).
+    /// With several groups of one model, the group chosen may not be the one that held
+    /// it; that one frees it after a grace period.
+    pub async fn generate_after(
+        &self,
+        id: String,
+        request: GenerateRequest,
+        generated: Vec<u32>,
+    ) -> Result<TokenStream, WireError> {
+        let group = self.route(&request).ok_or_else(|| WireError {
+            class: ErrorClass::InvalidRequest,
+            message: format!("no group serves model `{}`", request.model),
+            rank: None,
+        })?;
+        group.generate(id, request, generated).await
     }
 
     /// The group for a request: see [`pick`]. Remembers which group got which prompt
@@ -172,17 +193,10 @@ fn pick(loads: &[Load], preferred: Option<usize>) -> Option<usize> {
 impl Engine for Cluster {
     fn generate(
         &self,
-        _id: String,
+        id: String,
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
-        Box::pin(async move {
-            let group = self.route(&request).ok_or_else(|| WireError {
-                class: ErrorClass::InvalidRequest,
-                message: format!("no group serves model `{}`", request.model),
-                rank: None,
-            })?;
-            group.generate(request).await
-        })
+        Box::pin(self.generate_after(id, request, Vec::new()))
     }
 
     fn admission(&self, model: &str) -> Result<(), WireError> {

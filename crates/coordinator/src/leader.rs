@@ -325,19 +325,20 @@ impl Leadership {
             events,
             self.tails.clone(),
         ));
-        let sent = u32::try_from(entry.sent.len()).unwrap_or(u32::MAX);
-        let mut request = entry.request.clone();
-        request.max_tokens = request.max_tokens.saturating_sub(sent);
-        if request.max_tokens == 0 {
+        let sent = entry.sent.len();
+        if sent >= entry.request.max_tokens as usize {
             // Every token was sent; only the end was lost.
             let ending = Ending::Finished(FinishReason::Length);
             tail.send_modify(|t| t.end = Some(ending));
             let _ = journal.send(journal::JournalEvent::End(ending));
             return Ok(readers);
         }
-        request.prompt.extend_from_slice(&entry.sent);
         info!(request = %id, sent, "resuming a journaled request");
-        match cluster.generate(id.to_string(), request).await {
+        let request = entry.request.clone();
+        match cluster
+            .generate_after(id.to_string(), request, entry.sent.clone())
+            .await
+        {
             Ok(inner) => {
                 tokio::spawn(journal::pump(inner, tail, journal, None));
                 Ok(readers)

@@ -24,6 +24,9 @@ pub const SCHED_RUNNING: &str = "tessera_scheduler_running_sequences";
 pub const SCHED_WAITING: &str = "tessera_scheduler_waiting_sequences";
 /// Sequences preempted (freed, to be recomputed) for lack of KV blocks (counter).
 pub const SCHED_PREEMPTIONS: &str = "tessera_scheduler_preemptions_total";
+/// Journaled requests a new leader resumed, by how: `carried` (the shards still held the
+/// sequence's KV: no recompute) or `recomputed` (prefill of prompt + tokens sent) (counter).
+pub const SCHED_RESUMED: &str = "tessera_scheduler_resumed_sequences_total";
 /// Requests refused because the waiting queue was full (counter).
 pub const SCHED_REJECTED: &str = "tessera_scheduler_rejected_total";
 /// KV blocks counted in use by the scheduler, per group (gauge).

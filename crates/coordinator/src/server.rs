@@ -114,6 +114,7 @@ async fn handle(
         recv,
         pid: register.pid,
         device: register.device.clone(),
+        held: register.held,
     };
     group
         .attach(register.rank, link)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tessera_comm::certs::{Credentials, Identity};
-use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
+use tessera_comm::proto::{CoordinatorMsg, HeldSeq, PROTOCOL_VERSION, Register, ShardMsg};
 use tessera_comm::{quic, wire};
 use tessera_topology::{PeerId, Rank};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -155,7 +155,8 @@ impl Standby {
         let identity = Identity::Coordinator(self.peer);
         let connection = quic::connect(&endpoint, target, &identity).await?;
         let (mut send, mut recv) = connection.open_bi().await?;
-        wire::write_frame(&mut send, &ShardMsg::Standby(register(&self.config))).await?;
+        let standby = ShardMsg::Standby(register(&self.config, Vec::new()));
+        wire::write_frame(&mut send, &standby).await?;
         loop {
             match wire::read_frame::<_, CoordinatorMsg>(&mut recv, STANDBY_FRAME_BYTES).await? {
                 Some(CoordinatorMsg::Leading { peer, term }) => {
@@ -173,13 +174,36 @@ impl Standby {
 /// The largest frame a standby connection carries (announcements are a few bytes).
 const STANDBY_FRAME_BYTES: usize = 4096;
 
-fn register(config: &ControlConfig) -> Register {
+fn register(config: &ControlConfig, held: Vec<HeldSeq>) -> Register {
     Register {
+        held,
         version: PROTOCOL_VERSION,
         group: config.group.clone(),
         rank: config.rank,
         pid: std::process::id(),
         device: config.device.clone(),
+    }
+}
+
+/// How long a registration waits for the compute thread's report of the sequences it
+/// holds: it answers after the step it is running (a step that waits on a dead rank ends
+/// at the collective deadline).
+const HELD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The journaled sequences the compute thread holds, once every plan of the old
+/// connection has run; none when it does not answer in time.
+async fn held(commands: &mpsc::Sender<Command>) -> anyhow::Result<Vec<HeldSeq>> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    commands
+        .send(Command::Held(reply))
+        .context("the compute thread stopped")?;
+    match tokio::time::timeout(HELD_TIMEOUT, answer).await {
+        Ok(Ok(held)) => Ok(held),
+        Ok(Err(_)) => bail!("the compute thread stopped"),
+        Err(_) => {
+            warn!("the compute thread did not report its sequences in time; registering without");
+            Ok(Vec::new())
+        }
     }
 }
 
@@ -208,7 +232,7 @@ async fn serve(
     let Ok((mut send, mut recv)) = link.connection.open_bi().await else {
         return Ok(Ended::Lost);
     };
-    let register = ShardMsg::Register(register(config));
+    let register = ShardMsg::Register(register(config, held(commands).await?));
     if wire::write_frame(&mut send, &register).await.is_err() {
         return Ok(Ended::Lost);
     }

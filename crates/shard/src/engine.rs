@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use tessera_comm::Collective;
 use tessera_comm::proto::{
-    FinishReason, NewSeq, Sampling, SeqId, SeqToken, StepPlan, TokenLogprobs,
+    FinishReason, HeldSeq, NewSeq, Sampling, SeqId, SeqToken, StepPlan, TokenLogprobs,
 };
 use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
 use tessera_model::kv_cache::{KvCache, SeqChunk};
@@ -27,6 +27,8 @@ use crate::error::ShardError;
 /// One sequence as this rank holds it.
 #[derive(Debug)]
 struct Seq {
+    /// The request journal's id (empty when not journaled).
+    request: String,
     /// Prompt, then every generated token.
     tokens: Vec<u32>,
     /// Tokens of the original prompt (the rest were generated).
@@ -102,6 +104,58 @@ impl Engine {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The journaled sequences a new coordinator leader could carry on with: prompt
+    /// complete, not finished, so their cache holds every position but the last token.
+    pub fn journaled_held(&self) -> Vec<HeldSeq> {
+        let mut held: Vec<HeldSeq> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| !s.request.is_empty() && !s.finished && s.prefilled())
+            .filter(|(_, s)| s.tokens.len() == s.computed + 1)
+            .map(|(&seq, s)| HeldSeq {
+                seq,
+                request: s.request.clone(),
+                prompt_len: s.prompt_len as u32,
+                generated: s.tokens[s.prompt_len..].to_vec(),
+                computed: s.computed as u32,
+            })
+            .collect();
+        held.sort_by_key(|h| h.seq);
+        held
+    }
+
+    /// This engine's cache and the sequences of `keep` (those it holds), for `epoch`;
+    /// every other sequence is freed. Returns the sequences carried.
+    pub fn carry(mut self, epoch: u64, keep: &[SeqId]) -> (Engine, Vec<SeqId>) {
+        let keep: std::collections::HashSet<SeqId> = keep.iter().copied().collect();
+        let dropped: Vec<SeqId> = self
+            .seqs
+            .keys()
+            .filter(|id| !keep.contains(id))
+            .copied()
+            .collect();
+        for id in dropped {
+            if let Some(seq) = self.seqs.remove(&id) {
+                self.blocks.release(&seq.table);
+            }
+        }
+        let mut kept: Vec<SeqId> = self.seqs.keys().copied().collect();
+        kept.sort();
+        self.epoch = epoch;
+        self.next_step = 0;
+        (self, kept)
+    }
+
+    /// KV blocks of the cache, in all.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.num_blocks()
+    }
+
+    /// Positions per KV block.
+    pub fn block_size(&self) -> usize {
+        self.blocks.block_size()
     }
 
     /// Blocks a new sequence could still get (free, or cached and unreferenced).
@@ -195,6 +249,7 @@ impl Engine {
         self.seqs.insert(
             new.seq,
             Seq {
+                request: new.request.clone(),
                 prefill_len: tokens.len(),
                 prompt_len: new.prompt.len(),
                 tokens,

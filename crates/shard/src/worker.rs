@@ -3,7 +3,9 @@
 //! its [`ShardMsg`]s to the coordinator.
 //!
 //! Weights outlive epochs: after a failure the thread drops the collective and the KV
-//! cache, keeps the model, and waits for the next `Assign`.
+//! cache, keeps the model, and waits for the next `Assign`. Without a failure (the
+//! coordinator leader changed), the cache and the sequences an `Assign` names in `keep`
+//! carry into the new epoch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,12 +15,13 @@ use std::time::{Duration, Instant};
 use tessera_comm::Collective;
 use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::connect::connect;
-use tessera_comm::proto::{Assignment, Ready, ShardMsg, StepDone, StepPlan, StepTimings};
+use tessera_comm::proto::{Assignment, HeldSeq, Ready, ShardMsg, StepDone, StepPlan, StepTimings};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use tessera_model::llama::{Llama, LoadProgress};
 use tessera_model::loader;
 use tessera_topology::{Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 use tracing::{debug, debug_span, info, warn};
 
 use crate::engine::Engine;
@@ -32,6 +35,9 @@ const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
 pub enum Command {
     Assign(Assignment),
     Step(StepPlan),
+    /// The journaled sequences held now, for a registration (answered after every
+    /// command sent before it, so the report is final for the old connection).
+    Held(oneshot::Sender<Vec<HeldSeq>>),
 }
 
 /// What a shard is, for the whole life of the process.
@@ -94,11 +100,15 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                     );
                     continue;
                 }
-                // The old epoch's collective and sequences go first: their memory is needed.
-                active = None;
+                // The old epoch's collective goes first, and its cache unless sequences
+                // carry over: the memory is needed.
+                let carried = active
+                    .take()
+                    .map(|a| a.engine)
+                    .filter(|_| !assignment.keep.is_empty());
                 last_step_end = None;
                 let epoch = assignment.epoch;
-                match assign(&config, &mut model, assignment, &events) {
+                match assign(&config, &mut model, assignment, carried, &events) {
                     Ok((next, ready)) => {
                         active = Some(next);
                         let _ = events.send(ShardMsg::Ready(ready));
@@ -109,6 +119,13 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                         let _ = events.send(ShardMsg::Failed { epoch, error });
                     }
                 }
+            }
+            Command::Held(reply) => {
+                let held = active
+                    .as_ref()
+                    .map(|a| a.engine.journaled_held())
+                    .unwrap_or_default();
+                let _ = reply.send(held);
             }
             Command::Step(plan) => {
                 let (Some(model), Some(current)) = (model.as_ref(), active.as_mut()) else {
@@ -184,11 +201,13 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
     }
 }
 
-/// Loads the slice (once), joins the epoch's collective and sizes the KV cache.
+/// Loads the slice (once), joins the epoch's collective and sizes the KV cache, or
+/// carries the last epoch's cache and the sequences the assignment keeps.
 fn assign(
     config: &WorkerConfig,
     model: &mut Option<Arc<Llama>>,
     assignment: Assignment,
+    carried: Option<Engine>,
     events: &UnboundedSender<ShardMsg>,
 ) -> Result<(Active, Ready), ShardError> {
     let epoch = assignment.epoch;
@@ -243,26 +262,27 @@ fn assign(
         &assignment.token,
         collective,
     )?;
-    let c = llama.config();
-    let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
-    let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
-    let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, budget);
-    let cache = KvCache::new(layout, c.num_hidden_layers, blocks);
-    info!(epoch, rank = %config.rank, kv_blocks = blocks, "joined the group");
+    let (engine, kept) = match carried {
+        Some(engine) => engine.carry(epoch, &assignment.keep),
+        None => {
+            let c = llama.config();
+            let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
+            let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
+            let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, budget);
+            let cache = KvCache::new(layout, c.num_hidden_layers, blocks);
+            (Engine::new(config.rank, epoch, cache), Vec::new())
+        }
+    };
+    let blocks = engine.num_blocks();
+    info!(epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
     let ready = Ready {
         epoch,
         kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
-        block_size: DEFAULT_BLOCK_SIZE as u32,
+        block_size: engine.block_size() as u32,
         weight_bytes: llama.weight_bytes() as u64,
+        kept,
     };
-    Ok((
-        Active {
-            term,
-            comm,
-            engine: Engine::new(config.rank, epoch, cache),
-        },
-        ready,
-    ))
+    Ok((Active { term, comm, engine }, ready))
 }
 
 fn micros(d: Duration) -> u64 {

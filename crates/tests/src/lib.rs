@@ -544,6 +544,33 @@ pub fn get(url: &str) -> anyhow::Result<(u16, Value)> {
     Ok((status, value))
 }
 
+/// The value of Prometheus series `name` at `{http}/metrics`, summed over its label sets
+/// that contain `labels` (`""` for all); 0 when absent.
+pub fn metric(http: &str, name: &str, labels: &str) -> anyhow::Result<f64> {
+    let text = ureq::get(format!("{http}/metrics"))
+        .call()
+        .context("GET /metrics")?
+        .body_mut()
+        .read_to_string()?;
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) || !rest.contains(labels) {
+            continue;
+        }
+        let value = rest
+            .rsplit(' ')
+            .next()
+            .ok_or_else(|| anyhow!("bad line {line}"))?;
+        total += value
+            .parse::<f64>()
+            .with_context(|| format!("bad value in {line}"))?;
+    }
+    Ok(total)
+}
+
 /// One server-sent event: its `id:` and `data:`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SseEvent {

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use serde_json::json;
 use tessera_tests::{Cluster, GroupSpec, TEST_API_KEY, demo_model, fixture};
 
@@ -63,28 +63,7 @@ fn metric(cluster: &Cluster, name: &str) -> anyhow::Result<f64> {
 
 /// [`metric`] over the label sets that contain `labels`.
 fn metric_where(cluster: &Cluster, name: &str, labels: &str) -> anyhow::Result<f64> {
-    let text = ureq::get(format!("{}/metrics", cluster.http))
-        .call()
-        .context("GET /metrics")?
-        .body_mut()
-        .read_to_string()?;
-    let mut total = 0.0;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) || !rest.contains(labels) {
-            continue;
-        }
-        let value = rest
-            .rsplit(' ')
-            .next()
-            .ok_or_else(|| anyhow!("bad line {line}"))?;
-        total += value
-            .parse::<f64>()
-            .with_context(|| format!("bad value in {line}"))?;
-    }
-    Ok(total)
+    tessera_tests::metric(&cluster.http, name, labels)
 }
 
 fn assert_same(alone: &[Vec<u32>], concurrent: &[Vec<u32>], what: &str, cluster: &Cluster) {

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use tessera_tests::{Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, post, sse, token_ids};
+use tessera_tests::{
+    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, metric, post, sse, token_ids,
+};
 
 /// The leader's id as peer `url` itself sees it (`?local=true`: not forwarded), and its
 /// view.
@@ -29,6 +31,22 @@ fn leader_seen_by(url: &str) -> Option<(u64, Value)> {
         [one] => Some((one, view)),
         _ => None,
     }
+}
+
+/// How the leader of peers `all` (peer `dead` is down) resumed the journal's open
+/// requests: (carried on from the shards' KV, recomputed).
+fn resumed(all: &[&str], dead: Option<u64>) -> (f64, f64) {
+    let live: Vec<&str> = (1..=all.len() as u64)
+        .filter(|&id| Some(id) != dead)
+        .map(|id| all[id as usize - 1])
+        .collect();
+    let leader = wait_for_leader(&live, dead, Duration::from_secs(20));
+    let url = all[leader as usize - 1];
+    let count = |how| {
+        let labels = format!("how=\"{how}\"");
+        metric(url, "tessera_scheduler_resumed_sequences_total", &labels).expect("metrics")
+    };
+    (count("carried"), count("recomputed"))
 }
 
 /// The group's epoch, as the leader reports it (through any peer).
@@ -281,13 +299,21 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
             "stream {i}: tokens differ from the run without a fault ({reconnects} reconnects)"
         );
     }
+    let (carried, recomputed) = resumed(&all, Some(leader));
     eprintln!(
-        "all {STREAMS} streams complete {:?} after the kill; {reconnected} reconnected",
+        "all {STREAMS} streams complete {:?} after the kill; {reconnected} reconnected; \
+         the new leader carried {carried} sequences on from the shards' KV and recomputed \
+         {recomputed}",
         killed.elapsed()
     );
     assert!(
         reconnected > 0,
         "the fault landed after every stream had finished"
+    );
+    assert!(
+        carried > 0.0,
+        "no sequence went on from the shards' KV: all {recomputed} were recomputed\n{}",
+        cluster.logs()
     );
 }
 
@@ -317,6 +343,13 @@ fn accepted_requests_resume_after_every_coordinator_restarts_from_disk() {
         assert!(reconnects > 0, "stream {i} finished before the restart");
         assert_eq!(tokens, reference[i], "stream {i} after the restart");
     }
+    let (carried, recomputed) = resumed(&all, None);
+    eprintln!("after the restart: {carried} sequences carried on, {recomputed} recomputed");
+    assert!(
+        carried > 0.0,
+        "no sequence went on from the shards' KV\n{}",
+        cluster.logs()
+    );
 }
 
 #[test]

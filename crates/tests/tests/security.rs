@@ -145,6 +145,7 @@ fn coordinator_certificate_cannot_register_as_a_shard() {
             rank: Rank(0),
             pid: 1,
             device: "cpu".into(),
+            held: Vec::new(),
         });
         wire::write_frame(&mut send, &register)
             .await

@@ -7,6 +7,10 @@
 //! group: the epoch ends, its sequences fail with an error naming the group and the rank,
 //! queued requests wait for the next epoch, and the group is re-assigned as soon as every
 //! rank is connected.
+//!
+//! A new coordinator leader's first assignment keeps the journaled sequences every rank
+//! reported held, alike, when it registered (`Assignment::keep`); the scheduler runs them
+//! on when their requests are resumed, without recomputing their KV.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, SeqId, ShardMsg, StepDone, WireError,
+    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, HeldSeq, Ready, SeqId, ShardMsg, StepDone,
+    WireError,
 };
 use tessera_comm::wire;
 use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use super::scheduler::{Emitted, Refused, Scheduler, SchedulerConfig};
+use super::scheduler::{Admitted, Adopted, Emitted, Refused, Scheduler, SchedulerConfig};
 use super::{GroupCommand, GroupHandle, ShardLink, Shared, TokenSender};
 use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
 use crate::metrics as m;
@@ -88,6 +93,10 @@ impl Default for Limits {
     }
 }
 
+/// How long a carried sequence waits for its journaled request to be resumed (a new
+/// leader resumes every open request as it starts) before it is freed.
+const CARRIED_GRACE: Duration = Duration::from_secs(10);
+
 /// How often the driver checks deadlines and abandoned requests.
 const TICK: Duration = Duration::from_millis(100);
 /// A write to a shard's control stream that takes longer than this means the shard is gone.
@@ -114,6 +123,8 @@ enum State {
         epoch: u64,
         since: Instant,
         ready: Vec<Option<(u32, u32)>>,
+        /// The sequences every rank is to carry into the epoch.
+        keep: Vec<HeldSeq>,
     },
     Serving {
         epoch: u64,
@@ -166,6 +177,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         epoch: config.first_epoch,
         next_conn: 0,
         waiting: HashMap::new(),
+        held: vec![Vec::new(); config.tp],
         last_done: vec![0; config.tp],
         totals: vec![Totals::default(); config.tp],
         config,
@@ -175,6 +187,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         down_since: Instant::now(),
         rate: Rate::default(),
         preemptions: 0,
+        resumed: (0, 0),
         shard_tx,
     };
     tokio::spawn(driver.run(command_rx, shard_rx));
@@ -190,6 +203,9 @@ struct Driver {
     epoch: u64,
     next_conn: u64,
     waiting: HashMap<SeqId, TokenSender>,
+    /// Per rank: the sequences it reported held when it registered (until the next
+    /// assignment or a fence).
+    held: Vec<Vec<HeldSeq>>,
     /// Per rank: the highest step it reported done in this epoch (plus one).
     last_done: Vec<u64>,
     totals: Vec<Totals>,
@@ -202,6 +218,8 @@ struct Driver {
     rate: Rate,
     /// Preemptions already counted in the metric.
     preemptions: u64,
+    /// Resumed requests (carried, recomputed) already counted in the metric.
+    resumed: (u64, u64),
     shard_tx: mpsc::UnboundedSender<FromShard>,
 }
 
@@ -240,8 +258,8 @@ impl Driver {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(GroupCommand::Attach { rank, link }) => self.attach(rank, link).await,
-                    Some(GroupCommand::Submit { request, events, reply }) => {
-                        self.submit(request, events, reply);
+                    Some(GroupCommand::Submit { id, request, generated, events, reply }) => {
+                        self.submit(&id, request, generated, events, reply);
                     }
                     None => {
                         self.release();
@@ -269,14 +287,24 @@ impl Driver {
 
     fn submit(
         &mut self,
+        id: &str,
         request: GenerateRequest,
+        generated: Vec<u32>,
         events: TokenSender,
         reply: oneshot::Sender<Result<(), WireError>>,
     ) {
         let seq = SeqId(self.seq_ids.fetch_add(1, Ordering::Relaxed));
-        match self.sched.submit(seq, request, Instant::now()) {
-            Ok(()) => {
+        match self
+            .sched
+            .submit(seq, id, request, generated, Instant::now())
+        {
+            Ok(Admitted::Queued) => {
                 self.waiting.insert(seq, events);
+                let _ = reply.send(Ok(()));
+            }
+            Ok(Admitted::Carried(adopted)) => {
+                self.waiting.insert(seq, events);
+                self.run_on(adopted);
                 let _ = reply.send(Ok(()));
             }
             Err(Refused::TooLarge {
@@ -306,6 +334,26 @@ impl Driver {
                 }));
             }
         }
+    }
+
+    /// A request runs on as a carried sequence: its stream follows the sequence, and
+    /// gets first the tokens the shards generated beyond those it was submitted with.
+    fn run_on(&mut self, adopted: Adopted) {
+        let Adopted { from, seq, extra } = adopted;
+        info!(group = %self.config.name, seq = %seq, extra = extra.len(), "a carried sequence runs on: no recompute");
+        let Some(events) = self.waiting.remove(&from) else {
+            self.sched.cancel(seq);
+            return;
+        };
+        for token in extra {
+            let event = TokenEvent {
+                token,
+                logprobs: None,
+                finish: None,
+            };
+            let _ = events.send(Ok(event));
+        }
+        self.waiting.insert(seq, events);
     }
 
     async fn attach(&mut self, rank: Rank, link: ShardLink) {
@@ -351,6 +399,7 @@ impl Driver {
                 );
             }
         }
+        self.held[r] = link.held;
         self.maybe_assign().await;
     }
 
@@ -381,38 +430,7 @@ impl Driver {
                 info!(group = %self.config.name, rank = %event.rank, epoch, layers_done, layers, weight_bytes, "loading");
                 self.shard_state(event.rank, "loading");
             }
-            ShardMsg::Ready(ready) => {
-                if let State::Assigning {
-                    epoch,
-                    ready: slots,
-                    ..
-                } = &mut self.state
-                    && ready.epoch == *epoch
-                {
-                    info!(
-                        group = %self.config.name, rank = %event.rank, epoch = ready.epoch,
-                        kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
-                        "rank ready"
-                    );
-                    let r = event.rank.0 as usize;
-                    slots[r] = Some((ready.kv_blocks, ready.block_size));
-                    self.record(Command::ShardUp {
-                        group: self.config.name.clone(),
-                        rank: event.rank.0,
-                        epoch: ready.epoch,
-                        host: self.config.hosts.get(r).cloned().unwrap_or_default(),
-                        pid: self.status.shards[r].pid.unwrap_or(0),
-                    });
-                    let shard = &mut self.status.shards[r];
-                    shard.state = "ready";
-                    shard.weight_bytes = ready.weight_bytes;
-                    shard.kv_blocks_free = ready.kv_blocks;
-                    let labels = self.labels(event.rank);
-                    metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
-                    metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
-                    self.maybe_serve();
-                }
-            }
+            ShardMsg::Ready(ready) => self.on_ready(event.rank, ready),
             ShardMsg::StepDone(done) => self.on_step_done(event.rank, done),
             ShardMsg::Failed { epoch, error } => {
                 if self.current_epoch() == Some(epoch) {
@@ -422,6 +440,52 @@ impl Driver {
                 }
             }
         }
+    }
+
+    fn on_ready(&mut self, rank: Rank, ready: Ready) {
+        let State::Assigning {
+            epoch,
+            ready: slots,
+            keep,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        if ready.epoch != *epoch {
+            return;
+        }
+        info!(
+            group = %self.config.name, rank = %rank, epoch = ready.epoch,
+            kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
+            kept = ready.kept.len(), "rank ready"
+        );
+        let r = rank.0 as usize;
+        slots[r] = Some((ready.kv_blocks, ready.block_size));
+        if !ready.kept.iter().eq(keep.iter().map(|h| &h.seq)) {
+            let kept = ready.kept.len();
+            let of = keep.len();
+            self.fence(
+                rank,
+                format!("rank {rank} carried {kept} sequences into the epoch, not the {of} named"),
+            );
+            return;
+        }
+        self.record(Command::ShardUp {
+            group: self.config.name.clone(),
+            rank: rank.0,
+            epoch: ready.epoch,
+            host: self.config.hosts.get(r).cloned().unwrap_or_default(),
+            pid: self.status.shards[r].pid.unwrap_or(0),
+        });
+        let shard = &mut self.status.shards[r];
+        shard.state = "ready";
+        shard.weight_bytes = ready.weight_bytes;
+        shard.kv_blocks_free = ready.kv_blocks;
+        let labels = self.labels(rank);
+        metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
+        metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
+        self.maybe_serve();
     }
 
     fn on_step_done(&mut self, rank: Rank, done: StepDone) {
@@ -496,7 +560,10 @@ impl Driver {
             self.sched.cancel(seq);
         }
         let expired = match self.state {
-            State::Serving { .. } => Vec::new(),
+            State::Serving { .. } => {
+                self.sched.expire_carried(now, CARRIED_GRACE);
+                Vec::new()
+            }
             _ => self.sched.expire(now, limits.queue_wait, self.down_since),
         };
         for seq in expired {
@@ -607,18 +674,22 @@ impl Driver {
                 name: format!("tessera-{}-e{epoch}", self.config.name),
             },
         };
+        let keep = held_alike(std::mem::take(&mut self.held));
+        self.held = vec![Vec::new(); self.config.tp];
         let assignment = Assignment {
             term: self.config.term,
             epoch,
             token: GroupToken::random(),
             bootstrap,
             collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
+            keep: keep.iter().map(|h| h.seq).collect(),
         };
-        info!(group = %self.config.name, epoch, "assigning");
+        info!(group = %self.config.name, epoch, keep = keep.len(), "assigning");
         self.state = State::Assigning {
             epoch,
             since: Instant::now(),
             ready: vec![None; self.config.tp],
+            keep,
         };
         if let Err(rank) = self.broadcast(&CoordinatorMsg::Assign(assignment)).await {
             self.fence(rank, format!("rank {rank} could not be assigned"));
@@ -626,7 +697,10 @@ impl Driver {
     }
 
     fn maybe_serve(&mut self) {
-        let State::Assigning { epoch, ready, .. } = &self.state else {
+        let State::Assigning {
+            epoch, ready, keep, ..
+        } = &mut self.state
+        else {
             return;
         };
         if ready.iter().any(Option::is_none) {
@@ -635,11 +709,17 @@ impl Driver {
         let epoch = *epoch;
         let kv_blocks = ready.iter().flatten().map(|(b, _)| *b).min().unwrap_or(0);
         let block_size = ready.iter().flatten().map(|(_, s)| *s).max().unwrap_or(16);
-        self.sched.start_epoch(epoch, kv_blocks, block_size);
+        let carried = std::mem::take(keep);
+        let adopted = self
+            .sched
+            .start_epoch(epoch, kv_blocks, block_size, carried, Instant::now());
         self.last_done = vec![0; self.config.tp];
         self.state = State::Serving { epoch };
         self.shared.ready.store(true, Ordering::Relaxed);
         info!(group = %self.config.name, epoch, kv_blocks, "group serving");
+        for a in adopted {
+            self.run_on(a);
+        }
     }
 
     /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
@@ -649,6 +729,8 @@ impl Driver {
             self.down_since = Instant::now();
         }
         self.state = State::Down;
+        // What ranks held is stale once their sequences are failed here.
+        self.held = vec![Vec::new(); self.config.tp];
         let lost = self.sched.fence();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
         warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
@@ -724,6 +806,20 @@ impl Driver {
                 .increment(preemptions - self.preemptions);
             self.preemptions = preemptions;
         }
+        let (carried, recomputed) = self.sched.resumed();
+        for (how, now, before) in [
+            ("carried", carried, &mut self.resumed.0),
+            ("recomputed", recomputed, &mut self.resumed.1),
+        ] {
+            if now > *before {
+                let labels = [
+                    ("group", self.config.name.clone()),
+                    ("how", how.to_string()),
+                ];
+                metrics::counter!(m::SCHED_RESUMED, &labels).increment(now - *before);
+                *before = now;
+            }
+        }
         *self
             .shared
             .status
@@ -754,4 +850,16 @@ impl Driver {
             *t = Totals::default();
         }
     }
+}
+
+/// The sequences every rank holds alike (same id, request, tokens and cached
+/// positions), in id order: those a new epoch may carry.
+fn held_alike(mut per_rank: Vec<Vec<HeldSeq>>) -> Vec<HeldSeq> {
+    let Some(first) = per_rank.pop() else {
+        return Vec::new();
+    };
+    first
+        .into_iter()
+        .filter(|h| per_rank.iter().all(|other| other.contains(h)))
+        .collect()
 }

@@ -29,6 +29,8 @@ pub struct ShardLink {
     pub pid: u32,
     /// As the shard registered it (`cpu`, `cuda:0`).
     pub device: String,
+    /// The journaled sequences it still holds from an earlier epoch.
+    pub held: Vec<tessera_comm::proto::HeldSeq>,
 }
 
 /// What a group's driver publishes for the router and the status API.
@@ -46,8 +48,11 @@ pub enum GroupCommand {
     /// A shard of this group registered (replacing any earlier connection of its rank).
     Attach { rank: Rank, link: ShardLink },
     /// Queue a sequence; `reply` says whether it was queued, `events` carries its tokens.
+    /// `id` is its journal id; `generated`, tokens it produced before (a resumed request).
     Submit {
+        id: String,
         request: GenerateRequest,
+        generated: Vec<u32>,
         events: TokenSender,
         reply: oneshot::Sender<Result<(), WireError>>,
     },
@@ -102,13 +107,21 @@ impl GroupHandle {
             .map_err(|_| self.stopped())
     }
 
-    /// Queues `request` on this group; its tokens arrive on the returned stream.
-    pub async fn generate(&self, request: GenerateRequest) -> Result<TokenStream, WireError> {
+    /// Queues `request` (journal id `id`) on this group, to go on after the `generated`
+    /// tokens it produced before; its next tokens arrive on the returned stream.
+    pub async fn generate(
+        &self,
+        id: String,
+        request: GenerateRequest,
+        generated: Vec<u32>,
+    ) -> Result<TokenStream, WireError> {
         let (reply, answer) = oneshot::channel();
         let (events, stream) = mpsc::unbounded_channel();
         self.commands
             .send(GroupCommand::Submit {
+                id,
                 request,
+                generated,
                 events,
                 reply,
             })

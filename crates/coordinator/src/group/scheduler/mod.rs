@@ -13,20 +13,30 @@
 //!   the tokens it already produced; re-admitted, it prefills prompt + those tokens and
 //!   continues. Seeded sampling draws per token index, so its output is unchanged.
 //! - **A bounded waiting queue**: [`Scheduler::submit`] refuses when it is full.
+//! - **Carried sequences.** A new coordinator leader's first epoch may start with
+//!   sequences the shards still hold from the old leader's (their KV intact). Each waits,
+//!   counted in the blocks, for its journaled request: resubmitted with the tokens the
+//!   journal holds, it runs on from where the shards are — no recompute — provided the
+//!   journal's tokens are a prefix of the shards'. One not claimed within a grace period,
+//!   or not matching, is freed and its request recomputed.
 //! - **Pipelining**: up to [`SchedulerConfig::plans_in_flight`] plans are out at once, so
 //!   the shards find step N+1 waiting when they finish step N. A plan is made before the
 //!   previous step's tokens are known; shards skip what turned out to be finished.
 //!
 //! Plans are deltas (`free`, `new`, `prefill`, `decode`), as the protocol requires.
 
+mod carry;
 mod plan;
 #[cfg(test)]
 mod tests;
 
+pub use carry::Adopted;
+use carry::Carried;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{FinishReason, SeqId, SeqToken};
+use tessera_comm::proto::{FinishReason, HeldSeq, SeqId, SeqToken};
 
 use crate::engine::GenerateRequest;
 
@@ -66,18 +76,23 @@ type QueueKey = (i32, u64);
 #[derive(Debug)]
 struct Waiting {
     seq: SeqId,
+    /// Its journal id (see [`NewSeq::request`](tessera_comm::proto::NewSeq)).
+    tag: String,
     request: GenerateRequest,
     arrived: Instant,
     generated: Vec<u32>,
     /// A preempted sequence may still get tokens from plans sent before its preemption;
     /// it is re-admitted only after this step's results.
     not_before: Option<u64>,
+    /// A journaled request resumed by a new leader (`generated` are the journal's).
+    resumed: bool,
 }
 
 /// A sequence with state on the shards.
 #[derive(Debug)]
 struct Running {
     key: QueueKey,
+    tag: String,
     request: GenerateRequest,
     arrived: Instant,
     /// Tokens produced so far (received from rank 0), including before any preemption.
@@ -115,6 +130,15 @@ impl Running {
     fn positions(&self) -> u32 {
         self.prefill_planned.min(self.prefill_len) + self.decode_planned
     }
+}
+
+/// How [`Scheduler::submit`] took a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admitted {
+    /// Queued under the sequence id given.
+    Queued,
+    /// It runs on as a carried sequence (see [`Adopted`]).
+    Carried(Adopted),
 }
 
 /// A plan whose results have not arrived.
@@ -160,9 +184,14 @@ pub struct Scheduler {
     seqs: HashMap<SeqId, Running>,
     in_flight: VecDeque<InFlight>,
     to_free: Vec<SeqId>,
+    /// Carried sequences not yet claimed, by journal id.
+    carried: HashMap<String, Carried>,
     /// Prompt tokens the shards found in their prefix cache, since start.
     prefix_hit_tokens: u64,
     preemptions: u64,
+    /// Resumed requests run on as carried sequences / recomputed, since start.
+    resumed_carried: u64,
+    resumed_recomputed: u64,
 }
 
 impl Scheduler {
@@ -181,14 +210,25 @@ impl Scheduler {
             seqs: HashMap::new(),
             in_flight: VecDeque::new(),
             to_free: Vec::new(),
+            carried: HashMap::new(),
             prefix_hit_tokens: 0,
             preemptions: 0,
+            resumed_carried: 0,
+            resumed_recomputed: 0,
         }
     }
 
-    /// Starts serving `epoch` with the group's capacity. Nothing may be running (see
-    /// [`Scheduler::fence`]).
-    pub fn start_epoch(&mut self, epoch: u64, kv_blocks: u32, block_size: u32) {
+    /// Starts serving `epoch` with the group's capacity and the sequences the shards
+    /// carried into it; returns the queued requests that run on as carried sequences.
+    /// Nothing may be running (see [`Scheduler::fence`]).
+    pub fn start_epoch(
+        &mut self,
+        epoch: u64,
+        kv_blocks: u32,
+        block_size: u32,
+        carried: Vec<HeldSeq>,
+        now: Instant,
+    ) -> Vec<Adopted> {
         debug_assert!(self.seqs.is_empty());
         self.epoch = epoch;
         self.next_step = 0;
@@ -200,12 +240,14 @@ impl Scheduler {
         for w in self.waiting.values_mut() {
             w.not_before = None;
         }
+        self.install_carried(carried, now)
     }
 
     /// Ends the epoch: every running sequence is returned (to be failed); the queue,
     /// preempted sequences included, stays for the next epoch.
     pub fn fence(&mut self) -> Vec<SeqId> {
         let lost: Vec<SeqId> = self.running.values().copied().collect();
+        self.carried.clear();
         self.running.clear();
         self.seqs.clear();
         self.in_flight.clear();
@@ -215,13 +257,31 @@ impl Scheduler {
         lost
     }
 
-    /// Queues a request.
+    /// Queues a request under `seq`, or runs it on as the carried sequence of journal id
+    /// `tag`. `generated`: tokens it produced before (a journaled request resumed), which
+    /// are recomputed with the prompt, never sampled again.
     pub fn submit(
         &mut self,
         seq: SeqId,
+        tag: &str,
         request: GenerateRequest,
+        generated: Vec<u32>,
         now: Instant,
-    ) -> Result<(), Refused> {
+    ) -> Result<Admitted, Refused> {
+        if let Some(c) = self.claim(tag, &request, &generated) {
+            self.arrivals += 1;
+            let key = (request.priority, self.arrivals);
+            let waiting = Waiting {
+                seq,
+                tag: tag.to_string(),
+                request,
+                arrived: now,
+                generated,
+                not_before: None,
+                resumed: true,
+            };
+            return Ok(Admitted::Carried(self.run_carried(key, waiting, c)));
+        }
         if self.kv_blocks > 0 {
             let positions = request.prompt.len() as u64 + u64::from(request.max_tokens);
             let needed = self.blocks_for(positions);
@@ -243,13 +303,15 @@ impl Scheduler {
             key,
             Waiting {
                 seq,
+                tag: tag.to_string(),
                 request,
                 arrived: now,
-                generated: Vec::new(),
+                resumed: !generated.is_empty(),
+                generated,
                 not_before: None,
             },
         );
-        Ok(())
+        Ok(Admitted::Queued)
     }
 
     /// Removes and returns queued requests (never started) that waited longer than
@@ -281,7 +343,7 @@ impl Scheduler {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.seqs.is_empty()
+        self.waiting.is_empty() && self.seqs.is_empty() && self.carried.is_empty()
     }
 
     pub fn waiting(&self) -> usize {
@@ -299,6 +361,12 @@ impl Scheduler {
 
     pub fn prefix_hit_tokens(&self) -> u64 {
         self.prefix_hit_tokens
+    }
+
+    /// Resumed requests (journaled, from an earlier leader) since start: (run on as
+    /// carried sequences, recomputed).
+    pub fn resumed(&self) -> (u64, u64) {
+        (self.resumed_carried, self.resumed_recomputed)
     }
 
     /// Sequences preempted since start.

@@ -118,6 +118,9 @@ impl Scheduler {
                 return;
             }
             let w = self.waiting.remove(&key).expect("found above");
+            if w.resumed {
+                self.resumed_recomputed += 1;
+            }
             let chunk = prefill_len.min(draft.budget as u32);
             draft.budget -= chunk as usize;
             draft.prefill.push(PrefillChunk {
@@ -126,6 +129,7 @@ impl Scheduler {
             });
             draft.new.push(NewSeq {
                 seq: w.seq,
+                request: w.tag.clone(),
                 prompt: w.request.prompt.clone(),
                 generated: w.generated.clone(),
                 sampling: w.request.sampling.clone(),
@@ -138,6 +142,7 @@ impl Scheduler {
                 w.seq,
                 Running {
                     key,
+                    tag: w.tag,
                     arrived: w.arrived,
                     prefill_len,
                     prefill_planned: chunk,
@@ -211,10 +216,12 @@ impl Scheduler {
             r.key,
             Waiting {
                 seq,
+                tag: r.tag,
                 request: r.request,
                 arrived: r.arrived,
                 generated: r.generated,
                 not_before: pending.then_some(r.last_step),
+                resumed: false,
             },
         );
     }

@@ -39,8 +39,9 @@ fn chunks(p: &StepPlan) -> Vec<(u64, u32)> {
 fn pipelines_two_plans_and_finishes_at_max_tokens() {
     let now = Instant::now();
     let mut s = Scheduler::new(1, config(256));
-    s.start_epoch(1, 100, 16);
-    s.submit(SeqId(1), request(5, 3), now).unwrap();
+    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(5, 3), Vec::new(), now)
+        .unwrap();
     let p0 = s.plan_step(now).unwrap();
     assert_eq!(p0.new.len(), 1);
     assert_eq!(chunks(&p0), [(1, 5)]);
@@ -66,11 +67,13 @@ fn pipelines_two_plans_and_finishes_at_max_tokens() {
 fn long_prompts_are_chunked_and_decodes_come_first() {
     let now = Instant::now();
     let mut s = Scheduler::new(1, config(64));
-    s.start_epoch(1, 100, 16);
-    s.submit(SeqId(1), request(10, 50), now).unwrap();
+    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(10, 50), Vec::new(), now)
+        .unwrap();
     s.plan_step(now).unwrap();
     s.on_step_done(0, vec![token(1, 1, None)], &[], now);
-    s.submit(SeqId(2), request(150, 5), now).unwrap();
+    s.submit(SeqId(2), "", request(150, 5), Vec::new(), now)
+        .unwrap();
     let p = s.plan_step(now).unwrap();
     assert_eq!(p.decode, [SeqId(1)]);
     assert_eq!(chunks(&p), [(2, 63)], "one decode token + 63 prompt tokens");
@@ -91,8 +94,9 @@ fn long_prompts_are_chunked_and_decodes_come_first() {
 fn a_prefix_cache_hit_shortens_the_prefill() {
     let now = Instant::now();
     let mut s = Scheduler::new(1, config(64));
-    s.start_epoch(1, 100, 16);
-    s.submit(SeqId(1), request(200, 5), now).unwrap();
+    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(200, 5), Vec::new(), now)
+        .unwrap();
     assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
     assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
     // The shards held 128 tokens: 128 + 128 planned leaves nothing after 200.
@@ -113,16 +117,16 @@ fn priority_orders_admission_and_the_queue_is_bounded() {
             ..config(256)
         },
     );
-    s.start_epoch(1, 100, 16);
+    s.start_epoch(1, 100, 16, Vec::new(), now);
     let with = |p: i32| GenerateRequest {
         priority: p,
         ..request(4, 2)
     };
-    s.submit(SeqId(1), with(5), now).unwrap();
-    s.submit(SeqId(2), with(-1), now).unwrap();
-    s.submit(SeqId(3), with(5), now).unwrap();
+    s.submit(SeqId(1), "", with(5), Vec::new(), now).unwrap();
+    s.submit(SeqId(2), "", with(-1), Vec::new(), now).unwrap();
+    s.submit(SeqId(3), "", with(5), Vec::new(), now).unwrap();
     assert_eq!(
-        s.submit(SeqId(4), with(0), now),
+        s.submit(SeqId(4), "", with(0), Vec::new(), now),
         Err(Refused::QueueFull { waiting: 3 })
     );
     let p = s.plan_step(now).unwrap();
@@ -140,14 +144,17 @@ fn admission_keeps_a_watermark_and_never_overtakes_on_blocks() {
             ..config(256)
         },
     );
-    s.start_epoch(1, 8, 16);
-    s.submit(SeqId(1), request(60, 4), now).unwrap(); // 4 blocks
-    s.submit(SeqId(2), request(40, 4), now).unwrap(); // 3 blocks: 7 + 2 > 8
-    s.submit(SeqId(3), request(1, 1), now).unwrap(); // 1 block: must not overtake
+    s.start_epoch(1, 8, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(60, 4), Vec::new(), now)
+        .unwrap(); // 4 blocks
+    s.submit(SeqId(2), "", request(40, 4), Vec::new(), now)
+        .unwrap(); // 3 blocks: 7 + 2 > 8
+    s.submit(SeqId(3), "", request(1, 1), Vec::new(), now)
+        .unwrap(); // 1 block: must not overtake
     let p = s.plan_step(now).unwrap();
     assert_eq!(chunks(&p), [(1, 60)]);
     assert_eq!(
-        s.submit(SeqId(4), request(200, 1), now),
+        s.submit(SeqId(4), "", request(200, 1), Vec::new(), now),
         Err(Refused::TooLarge {
             needed_blocks: 13,
             kv_blocks: 8
@@ -165,15 +172,17 @@ fn fence_returns_running_and_keeps_the_queue() {
             ..config(256)
         },
     );
-    s.start_epoch(1, 100, 16);
-    s.submit(SeqId(1), request(2, 4), now).unwrap();
+    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(2, 4), Vec::new(), now)
+        .unwrap();
     s.plan_step(now).unwrap();
     for i in 2..=10 {
-        s.submit(SeqId(i), request(2, 4), now).unwrap();
+        s.submit(SeqId(i), "", request(2, 4), Vec::new(), now)
+            .unwrap();
     }
     assert_eq!(s.fence(), [SeqId(1)]);
     assert!(s.plan_step(now).is_none(), "no plans without an epoch");
-    s.start_epoch(2, 100, 16);
+    s.start_epoch(2, 100, 16, Vec::new(), now);
     let p = s.plan_step(now).unwrap();
     assert_eq!((p.epoch, p.step), (2, 0));
     assert_eq!(p.new.len(), 4);
@@ -183,8 +192,9 @@ fn fence_returns_running_and_keeps_the_queue() {
 fn deadline_and_expiry() {
     let now = Instant::now();
     let mut s = Scheduler::new(1, config(256));
-    s.start_epoch(1, 100, 16);
-    s.submit(SeqId(1), request(10, 4), now).unwrap();
+    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(10, 4), Vec::new(), now)
+        .unwrap();
     s.plan_step(now).unwrap();
     let (base, per) = (Duration::from_secs(1), Duration::from_millis(10));
     assert_eq!(
@@ -196,7 +206,8 @@ fn deadline_and_expiry() {
         Some(0)
     );
     s.fence();
-    s.submit(SeqId(2), request(1, 1), now).unwrap();
+    s.submit(SeqId(2), "", request(1, 1), Vec::new(), now)
+        .unwrap();
     let later = |secs| now + Duration::from_secs(secs);
     let wait = Duration::from_secs(2);
     assert!(s.expire(later(1), wait, now).is_empty());
@@ -301,9 +312,10 @@ fn simulate(
 ) -> (BTreeMap<u64, Vec<u32>>, u32) {
     let now = Instant::now();
     let mut s = Scheduler::new(1, config(step_tokens));
-    s.start_epoch(1, kv_blocks, 4);
+    s.start_epoch(1, kv_blocks, 4, Vec::new(), now);
     for (i, r) in requests.into_iter().enumerate() {
-        s.submit(SeqId(i as u64 + 1), r, now).unwrap();
+        s.submit(SeqId(i as u64 + 1), "", r, Vec::new(), now)
+            .unwrap();
     }
     let mut shards = FakeShards::default();
     let mut outputs: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
@@ -367,4 +379,123 @@ fn random_loads_keep_the_block_count_and_finish_everything() {
         let (alone, _) = simulate(requests, 10_000, 512);
         assert_eq!(outputs, alone, "seed {seed}");
     }
+}
+
+/// A sequence the shards carried over: prompt of `prompt` tokens, `generated` sampled.
+fn carried(seq: u64, tag: &str, prompt: u32, generated: &[u32]) -> HeldSeq {
+    HeldSeq {
+        seq: SeqId(seq),
+        request: tag.into(),
+        prompt_len: prompt,
+        generated: generated.to_vec(),
+        computed: prompt + generated.len() as u32 - 1,
+    }
+}
+
+#[test]
+fn a_carried_sequence_runs_on_without_prefill_when_its_request_claims_it() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(2, config(256));
+    // 20 prompt + 3 generated: 22 positions computed, 2 blocks of 16.
+    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    assert_eq!(s.kv_usage().0, 2, "counted in use before it is claimed");
+    assert!(
+        s.plan_step(now).is_none(),
+        "nothing runs it before its request comes"
+    );
+    // The journal recorded 2 of the 3 tokens: the third goes to the client first.
+    let admitted = s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5, 6], now);
+    assert_eq!(
+        admitted,
+        Ok(Admitted::Carried(Adopted {
+            from: SeqId(1),
+            seq: SeqId(77),
+            extra: vec![7]
+        }))
+    );
+    assert_eq!(s.resumed(), (1, 0));
+    let p0 = s.plan_step(now).unwrap();
+    assert!(p0.new.is_empty() && p0.prefill.is_empty(), "no recompute");
+    assert_eq!(p0.decode, [SeqId(77)]);
+    // It decodes up to max_tokens, counting the carried tokens: 3 + 7 more.
+    let mut step = 0;
+    let mut emitted = 0;
+    loop {
+        let out = s.on_step_done(step, vec![token(77, 1, None)], &[], now);
+        emitted += 1;
+        step += 1;
+        if out[0].finish.is_some() {
+            break;
+        }
+        let _ = s.plan_step(now);
+    }
+    assert_eq!(emitted, 7);
+    assert_eq!(s.plan_step(now).unwrap().free, [SeqId(77)]);
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_carried_sequence_that_does_not_extend_the_journal_is_freed_and_recomputed() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(2, config(256));
+    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    // The journal disagrees on the second token.
+    let admitted = s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5, 9], now);
+    assert_eq!(admitted, Ok(Admitted::Queued));
+    let p0 = s.plan_step(now).unwrap();
+    assert_eq!(p0.free, [SeqId(77)]);
+    assert_eq!(p0.new.len(), 1);
+    assert_eq!(p0.new[0].seq, SeqId(1));
+    assert_eq!(p0.new[0].request, "cmpl-a");
+    assert_eq!(
+        p0.new[0].generated,
+        [5, 9],
+        "recomputed, never sampled again"
+    );
+    assert_eq!(chunks(&p0), [(1, 22)]);
+    assert_eq!(s.resumed(), (0, 1));
+    // Blocks: the freed sequence's 2 are returned; the new one holds 22 positions.
+    assert_eq!(s.kv_usage().0, 2);
+}
+
+#[test]
+fn an_unclaimed_carried_sequence_is_freed_after_the_grace_period() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(2, config(256));
+    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5])], now);
+    s.expire_carried(now + Duration::from_secs(1), Duration::from_secs(10));
+    assert!(s.plan_step(now).is_none());
+    s.expire_carried(now + Duration::from_secs(11), Duration::from_secs(10));
+    assert_eq!(s.kv_usage().0, 0);
+    assert_eq!(s.plan_step(now).unwrap().free, [SeqId(77)]);
+    // Its request, coming late, is recomputed.
+    let late = s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5], now);
+    assert_eq!(late, Ok(Admitted::Queued));
+}
+
+#[test]
+fn a_request_queued_before_the_epoch_runs_on_as_its_carried_sequence() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(2, config(256));
+    // The new leader resumes its journal before the shards have registered.
+    s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5, 6], now)
+        .unwrap();
+    s.submit(SeqId(2), "cmpl-b", request(8, 10), vec![4], now)
+        .unwrap();
+    let adopted = s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    assert_eq!(
+        adopted,
+        [Adopted {
+            from: SeqId(1),
+            seq: SeqId(77),
+            extra: vec![7]
+        }]
+    );
+    // The carried one decodes; the other, not held by the shards, is recomputed.
+    let p0 = s.plan_step(now).unwrap();
+    assert_eq!(p0.decode, [SeqId(77)]);
+    assert_eq!(p0.new.len(), 1);
+    assert_eq!(p0.new[0].seq, SeqId(2));
+    assert_eq!(p0.new[0].generated, [4]);
+    assert_eq!(s.resumed(), (1, 1));
 }
