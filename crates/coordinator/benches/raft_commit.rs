@@ -104,6 +104,7 @@ fn accept(i: usize) -> Command {
             max_tokens: 128,
             sampling: Sampling::default(),
             stop_token_ids: vec![2],
+            stop: Vec::new(),
             priority: 0,
         },
         at_ms: i as u64,

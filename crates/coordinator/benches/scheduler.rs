@@ -17,6 +17,7 @@ fn request(i: u64) -> GenerateRequest {
         max_tokens: 1_000_000,
         sampling: Sampling::default(),
         stop_token_ids: vec![2],
+        stop: Vec::new(),
         priority: (i % 3) as i32,
     }
 }

@@ -26,6 +26,9 @@ pub struct GenerateRequest {
     pub sampling: Sampling,
     /// End-of-sequence ids of the model plus the request's stop ids.
     pub stop_token_ids: Vec<u32>,
+    /// Stop strings: the API cuts the text at the first match and ends the sequence. The
+    /// journal keeps them, so that a resumed stream ends where the original did.
+    pub stop: Vec<String>,
     /// Lower runs first (vLLM's convention); 0 by default. Among equal priorities,
     /// earlier requests run first.
     pub priority: i32,

@@ -299,6 +299,7 @@ impl Params {
             max_tokens,
             sampling,
             stop_token_ids,
+            stop: self.stop.to_vec(),
             priority: self.priority,
         })
     }

@@ -255,15 +255,17 @@ impl Choice {
 }
 
 /// The parts of a resumed request's one choice from its first token on, the first
-/// `skip` (which the client has) left out. No stop strings apply: the journal holds the
-/// tokens as generated, and a stop string had ended the request.
+/// `skip` (which the client has) left out. Its `stop` strings apply as they did: the
+/// journal holds the tokens as generated, which may run past the match that ended the
+/// original stream.
 pub(crate) fn resumed_parts(
     tokens: TokenStream,
     tokenizer: Option<Arc<Tokenizer>>,
+    stop: Arc<[String]>,
     skip: usize,
     start: Instant,
 ) -> BoxStream<'static, Result<ChoicePart, ApiError>> {
-    let text = TextStream::new(tokenizer, Arc::from(Vec::<String>::new()));
+    let text = TextStream::new(tokenizer, stop);
     choice(0, tokens, text, start).skip(skip).boxed()
 }
 

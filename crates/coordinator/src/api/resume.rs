@@ -10,7 +10,8 @@
 //! - `?stream=false`: the whole response body, once the request has finished.
 //!
 //! Resumed chunks carry `token_ids` (whatever the original asked), no logprobs and no
-//! usage chunk: the journal holds tokens, not the response options.
+//! usage chunk: the journal holds tokens, not the response options. The request's stop
+//! strings apply again, so a stream that one ended ends at the same place.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,6 +65,7 @@ pub(crate) async fn resume(
         ));
     };
     let model = state.model(&resumed.request.model)?;
+    let stop = Arc::from(resumed.request.stop);
     let response_id = id.split('/').next().unwrap_or(&id).to_string();
     let meta = Meta {
         id: response_id,
@@ -77,7 +79,7 @@ pub(crate) async fn resume(
         n: 1,
         resume_from: from,
     };
-    let parts = respond::resumed_parts(resumed.tokens, model.tokenizer.clone(), from, start);
+    let parts = respond::resumed_parts(resumed.tokens, model.tokenizer.clone(), stop, from, start);
     if id.starts_with("chatcmpl-") {
         answer(meta, parts, ChatShape, stream, start).await
     } else {

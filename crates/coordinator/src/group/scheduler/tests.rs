@@ -11,6 +11,7 @@ fn request(prompt: usize, max_tokens: u32) -> GenerateRequest {
         max_tokens,
         sampling: Sampling::default(),
         stop_token_ids: vec![],
+        stop: Vec::new(),
         priority: 0,
     }
 }
@@ -119,6 +120,7 @@ fn priority_orders_admission_and_the_queue_is_bounded() {
     );
     s.start_epoch(1, 100, 16, Vec::new(), now);
     let with = |p: i32| GenerateRequest {
+        stop: Vec::new(),
         priority: p,
         ..request(4, 2)
     };
@@ -369,6 +371,7 @@ fn random_loads_keep_the_block_count_and_finish_everything() {
         let mut rng = StdRng::seed_from_u64(seed);
         let requests: Vec<GenerateRequest> = (0..rng.random_range(1..30))
             .map(|_| GenerateRequest {
+                stop: Vec::new(),
                 priority: rng.random_range(-2..3),
                 ..request(rng.random_range(1..40), rng.random_range(1..30))
             })

@@ -11,6 +11,7 @@ fn request(prompt: &[u32]) -> GenerateRequest {
         max_tokens: 16,
         sampling: Sampling::default(),
         stop_token_ids: vec![2],
+        stop: Vec::new(),
         priority: 0,
     }
 }
