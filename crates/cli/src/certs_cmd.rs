@@ -2,6 +2,10 @@
 //! certificate and key per coordinator peer and shard of the topology
 //! ([`tessera_comm::certs::init_cluster`]), and says where each file went.
 //!
+//! `tessera certs issue --dir DIR --coordinator ID` (or `--shard GROUP/RANK`): one more
+//! certificate from the CA in `DIR`, for a peer or shard added after `init`
+//! ([`tessera_comm::certs::issue_one`]).
+//!
 //! Exit status: 0 when everything was written; 1 when the topology has errors (printed as
 //! `tessera topology check` prints them) or the files cannot be written — an existing CA is
 //! never overwritten.
@@ -11,8 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tessera_comm::certs::{CertsSummary, init_cluster};
-use tessera_topology::{ReadError, Topology};
+use tessera_comm::certs::{CertsSummary, Identity, init_cluster, issue_one};
+use tessera_topology::{PeerId, Rank, ReadError, Topology};
 
 #[derive(Debug, clap::Args)]
 pub struct InitArgs {
@@ -23,6 +27,54 @@ pub struct InitArgs {
     /// not hold a CA already).
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct IssueArgs {
+    /// The directory `tessera certs init` wrote (it holds `ca.pem` and `ca.key`).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// A coordinator peer, by id (as `tessera cluster add --id` names it).
+    #[arg(long, conflicts_with = "shard", required_unless_present = "shard")]
+    pub coordinator: Option<u64>,
+    /// A shard, as `GROUP/RANK`.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<(String, u32)>,
+}
+
+fn parse_shard(text: &str) -> Result<(String, u32), String> {
+    let (group, rank) = text
+        .rsplit_once('/')
+        .ok_or_else(|| format!("`{text}` is not GROUP/RANK"))?;
+    let rank = rank
+        .parse()
+        .map_err(|_| format!("`{rank}` is not a rank number"))?;
+    if group.is_empty() {
+        return Err(format!("`{text}` names no group"));
+    }
+    Ok((group.to_string(), rank))
+}
+
+/// Runs `certs issue`, saying where the files went.
+pub fn issue(args: &IssueArgs) -> anyhow::Result<ExitCode> {
+    let identity = match (&args.coordinator, &args.shard) {
+        (Some(id), _) => Identity::Coordinator(PeerId(*id)),
+        (None, Some((group, rank))) => Identity::Shard {
+            group: group.clone(),
+            rank: Rank(*rank),
+        },
+        (None, None) => anyhow::bail!("name the certificate's owner: --coordinator or --shard"),
+    };
+    let issued = issue_one(&args.dir, &identity)
+        .with_context(|| format!("cannot issue a certificate in {}", args.dir.display()))?;
+    writeln!(
+        std::io::stdout().lock(),
+        "{}: {} + {}  (key mode 0600); copy them with ca.pem to its host",
+        issued.identity,
+        issued.cert.display(),
+        issued.key.display()
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `certs init`, printing to stdout and stderr.
@@ -174,5 +226,30 @@ kv_memory = "64MiB"
         assert!(!init_to(&args, &mut Vec::new(), &mut diag).unwrap());
         assert!(String::from_utf8(diag).unwrap().contains("help:"));
         assert!(!args.out.exists());
+    }
+
+    #[test]
+    fn issue_adds_one_certificate_from_the_existing_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let topology = dir.path().join("cluster.toml");
+        std::fs::write(&topology, TOPOLOGY).unwrap();
+        let out = dir.path().join("certs");
+        let init = InitArgs {
+            topology,
+            out: out.clone(),
+        };
+        assert!(init_to(&init, &mut Vec::new(), &mut Vec::new()).unwrap());
+        let args = IssueArgs {
+            dir: out.clone(),
+            coordinator: None,
+            shard: Some(parse_shard("g0/5").unwrap()),
+        };
+        issue(&args).unwrap();
+        assert!(out.join("shard-g0-5.pem").exists());
+        assert!(out.join("shard-g0-5.key").exists());
+        assert!(issue(&args).is_err(), "never overwritten");
+        assert!(parse_shard("g0").is_err());
+        assert!(parse_shard("/1").is_err());
+        assert!(parse_shard("g0/x").is_err());
     }
 }

@@ -6,7 +6,8 @@
 //! - `tessera bench`: load a running OpenAI-compatible server (ours or another) and report
 //!   latencies and throughput.
 //! - `tessera topology check`: validate a topology file and print the plan.
-//! - `tessera certs init`: make a cluster's CA and certificates.
+//! - `tessera certs init`: make a cluster's CA and certificates; `certs issue`: one more
+//!   from that CA.
 
 use std::process::ExitCode;
 
@@ -58,6 +59,9 @@ enum TopologyCommand {
 enum CertsCommand {
     /// Create the cluster CA and one certificate per coordinator peer and shard.
     Init(certs_cmd::InitArgs),
+    /// Issue one more certificate from an existing cluster CA (a peer or shard added
+    /// later).
+    Issue(certs_cmd::IssueArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Topology(TopologyCommand::Check(args)) => topology_cmd::check(args),
         Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
+        Command::Certs(CertsCommand::Issue(args)) => certs_cmd::issue(args),
         Command::Cluster(args) => cluster_cmd::run(args),
     };
     match result {

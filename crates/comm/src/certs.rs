@@ -347,6 +347,47 @@ pub fn init_cluster(topology: &Topology, out: &Path) -> Result<CertsSummary, Com
     })
 }
 
+/// Issues one more certificate from the cluster CA in `dir` (its `ca.pem` and `ca.key`),
+/// for an identity the topology did not list when [`init_cluster`] ran: a coordinator peer
+/// added with `tessera cluster add`, a shard of a new group. The files are written next to
+/// the others; an existing certificate or key is never overwritten.
+pub fn issue_one(dir: &Path, identity: &Identity) -> Result<IssuedCert, CommError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        fs::read_to_string(&path).map_err(|e| file_error(&path, "cannot read", e))
+    };
+    let ca_key_path = dir.join(CA_KEY_FILE);
+    let ca_key = KeyPair::from_pem(&read(CA_KEY_FILE)?).map_err(|e| CommError::CertFile {
+        path: ca_key_path.clone(),
+        message: format!("not a private key: {e}"),
+    })?;
+    let ca_pem = read(CA_CERT_FILE)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|e| CommError::CertFile {
+        path: dir.join(CA_CERT_FILE),
+        message: format!("not a CA certificate: {e}"),
+    })?;
+    let subject = identity.to_string();
+    let key = KeyPair::generate().map_err(|e| gen_error(&subject, e))?;
+    let cert = leaf_params(identity)?
+        .signed_by(&key, &issuer)
+        .map_err(|e| gen_error(&subject, e))?;
+    let stem = identity.file_stem();
+    let cert_path = dir.join(format!("{stem}.pem"));
+    let key_path = dir.join(format!("{stem}.key"));
+    for path in [&cert_path, &key_path] {
+        if path.exists() {
+            return Err(CommError::CertsExist { path: path.clone() });
+        }
+    }
+    write_new(&key_path, &key.serialize_pem(), true)?;
+    write_new(&cert_path, &cert.pem(), false)?;
+    Ok(IssuedCert {
+        identity: identity.clone(),
+        cert: cert_path,
+        key: key_path,
+    })
+}
+
 /// Refuses two identities with one file stem or one DNS name (group names that differ
 /// only in characters that the file and DNS forms rewrite).
 fn check_unique_names(identities: &[Identity]) -> Result<(), CommError> {

@@ -415,3 +415,31 @@ fn a_certificate_under_another_identity_name_is_refused() {
     let err = Credentials::load(&certs, &shard(5)).unwrap_err();
     assert!(err.to_string().contains("is for shard g0/1"), "{err}");
 }
+
+/// A peer added after `certs init` gets its certificate from the same CA with
+/// `issue_one`, and the others accept it under its identity.
+#[tokio::test]
+async fn a_certificate_issued_later_from_the_ca_is_accepted() {
+    let cluster = cluster();
+    let dir = cluster.path().join("certs");
+    let newcomer = Identity::Coordinator(PeerId(9));
+    let issued = tessera_comm::certs::issue_one(&dir, &newcomer).unwrap();
+    assert_eq!(issued.cert, dir.join("coordinator-9.pem"));
+    let mode = std::fs::metadata(&issued.key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let server = server_endpoint(loopback(), &creds(&cluster, &coordinator())).unwrap();
+    let addr = server.local_addr().unwrap();
+    let serve = tokio::spawn(async move { accept_identity(&server).await.map(|(_, id)| id) });
+    let client = client_endpoint(&creds(&cluster, &newcomer)).unwrap();
+    let conn = timeout(STEP, connect(&client, addr, &coordinator()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(serve.await.unwrap().unwrap(), newcomer);
+    conn.close(0u32.into(), b"done");
+
+    // Never twice: the key of a running peer is not replaced.
+    let err = tessera_comm::certs::issue_one(&dir, &newcomer).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+}

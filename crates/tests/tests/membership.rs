@@ -87,8 +87,8 @@ fn a_peer_added_with_tessera_cluster_votes_and_a_removed_one_is_gone() {
         .collect();
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 1);
     let hosts = [("local", "127.0.0.1")];
-    // Certificates for five peers; the first three start from a topology of three, the
-    // fourth (and the shard) read the topology of five.
+    // The first three peers start from a topology of three; the fourth (and the shard)
+    // read the topology of five.
     let five = peers_topology_text(&addrs, &hosts, std::slice::from_ref(&group));
     let mut cluster = Cluster::prepare(&five, &addrs[0].2).expect("prepared");
     let five_path = cluster.topology.clone();
@@ -119,7 +119,17 @@ fn a_peer_added_with_tessera_cluster_votes_and_a_removed_one_is_gone() {
         }
     };
 
-    // Peer 4 joins: started with --join, then added.
+    // Peer 4 joins: its certificate issued now from the cluster CA (the one made at the
+    // start is thrown away), started with --join, then added.
+    for ext in ["pem", "key"] {
+        std::fs::remove_file(cluster.certs.join(format!("coordinator-4.{ext}"))).expect("rm");
+    }
+    let issued = Command::new(bin("tessera"))
+        .args(["certs", "issue", "--coordinator", "4", "--dir"])
+        .arg(&cluster.certs)
+        .output()
+        .expect("tessera certs issue runs");
+    assert!(issued.status.success(), "{issued:?}");
     let args: Vec<String> = [
         "--topology",
         five_path.to_str().expect("utf-8"),
