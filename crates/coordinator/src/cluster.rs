@@ -214,6 +214,7 @@ impl Engine for Cluster {
     fn status(&self) -> ClusterStatus {
         ClusterStatus {
             peers: Vec::new(),
+            models: Vec::new(),
             groups: self.groups.values().map(GroupHandle::status).collect(),
         }
     }

@@ -149,7 +149,18 @@ pub struct Resumed {
 pub struct ClusterStatus {
     /// The coordinator peers, as this peer sees them (empty without replication).
     pub peers: Vec<PeerStatus>,
+    /// The models in the replicated state (empty without replication).
+    pub models: Vec<ModelStatus>,
     pub groups: Vec<GroupStatus>,
+}
+
+/// A served model, as the replicated state records it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ModelStatus {
+    pub name: String,
+    /// Its files, as the recording leader's topology resolves them.
+    pub path: String,
+    pub groups: Vec<String>,
 }
 
 /// One coordinator peer.

@@ -23,13 +23,14 @@ use tracing::{info, warn};
 
 use crate::cluster::Cluster;
 use crate::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, PeerChange, PeerStatus, Resumed, TokenStream,
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, PeerStatus,
+    Resumed, TokenStream,
 };
 use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::MembershipChange;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, Outcome};
+use crate::replication::state::{Command, Journaled, ModelRecord, Outcome};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
@@ -148,6 +149,7 @@ impl Leadership {
                     cluster: cluster.clone(),
                 }));
                 tokio::spawn(self.clone().resume_open(cluster));
+                tokio::spawn(self.clone().record_models());
             }
             (Some(_), false) => {
                 info!(
@@ -351,6 +353,34 @@ impl Leadership {
         }
     }
 
+    /// Records the models this leader's topology serves, where the replicated state
+    /// holds them otherwise (a first leader, or a topology changed across a restart).
+    async fn record_models(self) {
+        let recorded = self.node.summary().borrow().models.clone();
+        for model in &self.topology.models {
+            let record = ModelRecord {
+                path: model.path.display().to_string(),
+                groups: self
+                    .topology
+                    .groups
+                    .iter()
+                    .filter(|g| g.model == model.name)
+                    .map(|g| g.name.clone())
+                    .collect(),
+            };
+            if recorded.get(&model.name) == Some(&record) {
+                continue;
+            }
+            let command = Command::Model {
+                name: model.name.clone(),
+                record,
+            };
+            if let Err(error) = self.node.propose(command, JOURNAL_TIMEOUT).await {
+                warn!(model = %model.name, %error, "model not recorded");
+            }
+        }
+    }
+
     /// Records this peer's addresses and pid, retrying until a leader commits them.
     async fn announce(self, me: Announce) {
         let command = Command::Member {
@@ -544,8 +574,21 @@ impl Engine for Leadership {
             .cluster()
             .map(|c| c.status().groups)
             .unwrap_or_default();
+        let models = self
+            .node
+            .summary()
+            .borrow()
+            .models
+            .iter()
+            .map(|(name, m)| ModelStatus {
+                name: name.clone(),
+                path: m.path.clone(),
+                groups: m.groups.clone(),
+            })
+            .collect();
         ClusterStatus {
             peers: self.peers(),
+            models,
             groups,
         }
     }

@@ -116,6 +116,9 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     };
     let peers = view["peers"].as_array().expect("peers");
     assert_eq!(peers.len(), 3, "{view}");
+    // The models, as the replicated state records them.
+    assert_eq!(view["models"][0]["name"], "m", "{view}");
+    assert_eq!(view["models"][0]["groups"], json!(["g"]), "{view}");
     for (i, p) in peers.iter().enumerate() {
         assert_eq!(p["id"], i as u64 + 1, "{view}");
         assert_eq!(

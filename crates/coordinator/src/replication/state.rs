@@ -3,6 +3,7 @@
 //!
 //! - members: each peer's id and addresses;
 //! - groups: each group's epoch and the shards registered in it;
+//! - models: each served model's files and groups, as the leader's topology names them;
 //! - the request journal: every accepted request (its tokens, parameters and priority), the
 //!   tokens checkpointed as sent to its client, and its completion. A finished request is
 //!   dropped by [`Command::Expire`] once its retention has passed, so the journal, and with
@@ -41,6 +42,8 @@ pub enum Command {
     },
     /// A coordinator peer left the configuration.
     Leave { id: u64 },
+    /// A model the cluster serves: its files and the groups that serve it.
+    Model { name: String, record: ModelRecord },
     /// A shard registered in `group` at `epoch`.
     ShardUp {
         group: String,
@@ -100,6 +103,14 @@ pub struct Member {
     pub pid: u32,
 }
 
+/// A served model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    /// Its files, as the recording leader's topology resolves them.
+    pub path: String,
+    pub groups: Vec<String>,
+}
+
 /// A shard as last registered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRecord {
@@ -135,6 +146,7 @@ pub struct ClusterState {
     pub applied: u64,
     pub members: BTreeMap<u64, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
+    pub models: BTreeMap<String, ModelRecord>,
     pub journal: BTreeMap<RequestId, Journaled>,
 }
 
@@ -145,6 +157,7 @@ pub struct ClusterState {
 pub struct Summary {
     pub members: BTreeMap<u64, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
+    pub models: BTreeMap<String, ModelRecord>,
 }
 
 impl ClusterState {
@@ -153,6 +166,7 @@ impl ClusterState {
         Summary {
             members: self.members.clone(),
             groups: self.groups.clone(),
+            models: self.models.clone(),
         }
     }
 
@@ -183,6 +197,10 @@ impl ClusterState {
             }
             Command::Leave { id } => {
                 self.members.remove(id);
+                Outcome::Applied
+            }
+            Command::Model { name, record } => {
+                self.models.insert(name.clone(), record.clone());
                 Outcome::Applied
             }
             Command::ShardUp {

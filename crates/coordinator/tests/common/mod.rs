@@ -178,6 +178,7 @@ impl Engine for MockEngine {
     fn status(&self) -> ClusterStatus {
         ClusterStatus {
             peers: Vec::new(),
+            models: Vec::new(),
             groups: vec![GroupStatus {
                 name: "g0".into(),
                 model: TEXT_MODEL.into(),

@@ -143,8 +143,15 @@ fn a_replayed_entry_changes_nothing() {
 
 fn random_command(rng: &mut StdRng) -> Command {
     let id = format!("r{}", rng.random_range(0..6));
-    match rng.random_range(0..7) {
+    match rng.random_range(0..8) {
         0 => accept(&id, rng.random_range(0..1000)),
+        7 => Command::Model {
+            name: format!("m{}", rng.random_range(0..2)),
+            record: ModelRecord {
+                path: format!("/models/{}", rng.random_range(0..3)),
+                groups: vec!["g".into()],
+            },
+        },
         1 | 2 => {
             let offset = rng.random_range(0..6);
             let tokens: Vec<u32> = (offset..offset + rng.random_range(0..4)).collect();
