@@ -9,6 +9,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/get-demo-model.sh
 export TESSERA_REQUIRE_DEMO_MODEL=1
+# NVRTC from the `nvidia-cuda-nvrtc-cu12` wheel, when installed, for the CUDA kernels'
+# compile test (crates/kernels/tests/nvrtc.rs; it skips without NVRTC outside CI).
+if NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)"; then
+    export LD_LIBRARY_PATH="${NVRTC_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all --check

@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
+use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_model::ModelConfig;
 use tessera_shard::control::{self, ControlConfig};
 use tessera_shard::worker::{self, WorkerConfig};
@@ -68,11 +69,18 @@ fn run(args: &Args) -> anyhow::Result<()> {
             group.tp
         )
     })?;
-    if shard.device != Device::Cpu {
+    if let Device::Cuda(ordinal) = shard.device {
+        let cache = PtxCache::new(PtxCache::default_dir());
+        let device = CudaDevice::open(ordinal as usize, &cache)
+            .with_context(|| format!("group `{}` rank {rank}: {}", group.name, shard.device))?;
         bail!(
-            "group `{}` rank {rank}: device {} is not supported by this build (CPU only)",
+            "group `{}` rank {rank}: {} ({}, compute capability {}.{}) opened and its kernels \
+             loaded, but the model does not run on CUDA in this build yet: use device = \"cpu\"",
             group.name,
-            shard.device
+            shard.device,
+            device.name(),
+            device.capability().0,
+            device.capability().1,
         );
     }
     let model = topology

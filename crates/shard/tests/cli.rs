@@ -98,3 +98,41 @@ fn missing_certificates_say_how_to_make_them() {
     ]);
     assert!(err.contains("tessera certs init"), "{err}");
 }
+
+/// A shard asked for `cuda:0` where there is no NVIDIA driver says so and exits, before
+/// it reads any weights or connects anywhere.
+#[test]
+fn a_cuda_device_without_a_driver_is_a_clear_error() {
+    if tessera_kernels::cuda::device::driver_present() {
+        eprintln!("SKIPPED: this machine has a CUDA driver");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = repo().join("fixtures/models/llama-gqa/f32");
+    let text = format!(
+        "[[coordinator]]\nid = 1\nhost = \"local\"\nquic = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\n\n\
+         [[host]]\nname = \"local\"\naddress = \"127.0.0.1\"\n\n\
+         [[model]]\nname = \"m\"\npath = \"{}\"\n\n\
+         [[group]]\nname = \"g\"\nmodel = \"m\"\ntp = 1\n\n\
+         [[group.shard]]\nrank = 0\nhost = \"local\"\ndevice = \"cuda:0\"\nport = 7101\nkv_memory = \"1MiB\"\n",
+        model.display()
+    );
+    let t = dir.path().join("topology.toml");
+    std::fs::write(&t, text).expect("write topology");
+    let err = fails(&[
+        "--topology",
+        t.to_str().expect("utf-8 path"),
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--certs",
+        "/x",
+    ]);
+    assert!(err.contains("cuda:0"), "{err}");
+    assert!(
+        err.contains("no CUDA driver: libcuda.so was not found"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,101 @@
+// Dequantizing matrix × vectors for GGML block-quantized weights, for the small batches
+// of decode: out[t, r] = Σ_c W[r, c] · x[t, c]. One warp per (row, token): grid
+// (ceil(rows / warps per block), tokens). Twins: `matmul` with the `quant` dot products.
+
+__device__ __forceinline__ float load_f16(const unsigned char* p) {
+    return f16_to_f32((f16_t)(p[0] | (p[1] << 8)));
+}
+
+// Q8_0: blocks of 32 values, 34 bytes: f16 scale d, then 32 signed quants. cols % 32 == 0.
+extern "C" __global__ void matvec_q8_0(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    const unsigned int warps = blockDim.x >> 5;
+    const unsigned int row = blockIdx.x * warps + (threadIdx.x >> 5);
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int t = blockIdx.y;
+    if (row >= rows) {
+        return;
+    }
+    const unsigned int blocks = cols / 32;
+    const unsigned char* wr = w + (size_t)row * blocks * 34;
+    const float* xt = x + (size_t)t * cols;
+    float acc = 0.0f;
+    for (unsigned int b = lane; b < blocks; b += 32) {
+        const unsigned char* blk = wr + (size_t)b * 34;
+        const float* xb = xt + b * 32;
+        float dot = 0.0f;
+        for (unsigned int i = 0; i < 32; ++i) {
+            dot += (float)(signed char)blk[2 + i] * xb[i];
+        }
+        acc += load_f16(blk) * dot;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        out[(size_t)t * rows + row] = acc;
+    }
+}
+
+// The 6-bit scale and minimum of Q4_K sub-block j (0..8) from the 12 packed bytes.
+__device__ __forceinline__ void q4_k_scale_min(
+    unsigned int j, const unsigned char* s, float* sc, float* m) {
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *m = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
+        *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// Q4_K: super-blocks of 256 values, 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales
+// and minimums, 128 bytes of 4-bit quants (each 32-byte chunk: 32 values in the low
+// nibbles, the next 32 in the high ones). Each lane takes 4 low and 4 high values of a
+// super-block. cols % 256 == 0.
+extern "C" __global__ void matvec_q4_k(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    const unsigned int warps = blockDim.x >> 5;
+    const unsigned int row = blockIdx.x * warps + (threadIdx.x >> 5);
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int t = blockIdx.y;
+    if (row >= rows) {
+        return;
+    }
+    const unsigned int supers = cols / 256;
+    const unsigned char* wr = w + (size_t)row * supers * 144;
+    const float* xt = x + (size_t)t * cols;
+    const unsigned int chunk = lane / 8;
+    const unsigned int l0 = (lane % 8) * 4;
+    float acc = 0.0f;
+    for (unsigned int b = 0; b < supers; ++b) {
+        const unsigned char* blk = wr + (size_t)b * 144;
+        const float d = load_f16(blk);
+        const float dmin = load_f16(blk + 2);
+        float sc_lo, m_lo, sc_hi, m_hi;
+        q4_k_scale_min(2 * chunk, blk + 4, &sc_lo, &m_lo);
+        q4_k_scale_min(2 * chunk + 1, blk + 4, &sc_hi, &m_hi);
+        const unsigned char* qs = blk + 16 + chunk * 32;
+        const float* xl = xt + b * 256 + chunk * 64;
+        float lo = 0.0f, lo_x = 0.0f, hi = 0.0f, hi_x = 0.0f;
+        for (unsigned int l = l0; l < l0 + 4; ++l) {
+            const float a = xl[l];
+            const float c = xl[l + 32];
+            lo += (float)(qs[l] & 0x0f) * a;
+            lo_x += a;
+            hi += (float)(qs[l] >> 4) * c;
+            hi_x += c;
+        }
+        acc += d * sc_lo * lo - dmin * m_lo * lo_x + d * sc_hi * hi - dmin * m_hi * hi_x;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        out[(size_t)t * rows + row] = acc;
+    }
+}

@@ -1,0 +1,24 @@
+// Embedding gather: one block per token. A rank holds rows `vocab_start ..
+// vocab_start + rows` of the table (bf16); a token outside them gives a zero row, so the
+// ranks' rows sum (all-reduce) to the embedding. Twin: the CPU model's embedding lookup.
+extern "C" __global__ void embedding_gather_bf16(
+    float* out,
+    const bf16_t* table,
+    const unsigned int* ids,
+    unsigned int hidden,
+    unsigned int vocab_start,
+    unsigned int rows) {
+    const unsigned int t = blockIdx.x;
+    float* row = out + (size_t)t * hidden;
+    const unsigned int id = ids[t];
+    if (id < vocab_start || id - vocab_start >= rows) {
+        for (unsigned int i = threadIdx.x; i < hidden; i += blockDim.x) {
+            row[i] = 0.0f;
+        }
+        return;
+    }
+    const bf16_t* src = table + (size_t)(id - vocab_start) * hidden;
+    for (unsigned int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        row[i] = bf16_to_f32(src[i]);
+    }
+}

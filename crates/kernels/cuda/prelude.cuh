@@ -1,0 +1,90 @@
+// Prepended to every kernel file before NVRTC compiles it (`kernels::cuda::source`), so
+// that each file is one self-contained kernel family that needs no CUDA header at run
+// time: a host with the driver and libnvrtc is enough.
+//
+// Conventions: activations are f32; large weights and the KV cache are bf16, held as
+// `unsigned short`; GGML block scales are f16. Blocks of threads are a multiple of 32 and
+// at most 1024 threads.
+
+typedef unsigned short bf16_t;
+typedef unsigned short f16_t;
+
+// math.h's, which NVRTC does not include.
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (bf16_t)((u >> 16) | 0x40u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+// IEEE half to float, subnormals included (no cuda_fp16.h needed).
+__device__ __forceinline__ float f16_to_f32(f16_t h) {
+    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    unsigned int exp = ((unsigned int)h >> 10) & 0x1fu;
+    unsigned int man = (unsigned int)h & 0x3ffu;
+    if (exp == 0) {
+        // Zero or subnormal: man × 2^-24.
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (exp == 31) {
+        return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    }
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// The sum of `v` over the block, on every thread. `scratch`: 32 floats of shared memory,
+// free on entry and on return.
+__device__ float block_sum(float v, float* scratch) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    const unsigned int warps = (blockDim.x + 31u) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = v;
+    }
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    // Lane 0's sum on every thread: lanes of a butterfly add in different orders, and
+    // threads that branch on the sum must agree on it to the bit.
+    return __shfl_sync(0xffffffffu, warp_sum(v), 0);
+}
+
+// The maximum of `v` over the block, on every thread (see `block_sum`).
+__device__ float block_max(float v, float* scratch) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    const unsigned int warps = (blockDim.x + 31u) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = v;
+    }
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}

@@ -1,0 +1,107 @@
+//! A CUDA device opened for a shard: its context, and every kernel compiled for its
+//! compute capability and loaded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+
+use super::CudaError;
+use super::compile::PtxCache;
+use super::source::FAMILIES;
+
+/// One GPU with the kernels loaded.
+pub struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    name: String,
+    capability: (i32, i32),
+    total_memory: usize,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("capability", &self.capability)
+            .field("total_memory", &self.total_memory)
+            .field("kernels", &self.functions.len())
+            .finish()
+    }
+}
+
+/// Whether libcuda (the driver) can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library's candidate names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal` and loads every kernel family, compiled (or read from
+    /// `cache`) for its compute capability. Fails with [`CudaError::NoDriver`] or
+    /// [`CudaError::NoNvrtc`] where the libraries are missing.
+    pub fn open(ordinal: usize, cache: &PtxCache) -> Result<CudaDevice, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let failed = |message: String| CudaError::Device { ordinal, message };
+        let ctx = CudaContext::new(ordinal).map_err(|e| failed(e.to_string()))?;
+        let capability = ctx
+            .compute_capability()
+            .map_err(|e| failed(e.to_string()))?;
+        let name = ctx.name().map_err(|e| failed(e.to_string()))?;
+        let total_memory = ctx.total_mem().map_err(|e| failed(e.to_string()))?;
+        let arch = format!("compute_{}{}", capability.0, capability.1);
+        let mut functions = HashMap::new();
+        for family in FAMILIES {
+            let ptx = cache.get_or_compile(family, &arch)?;
+            let module = ctx
+                .load_module(Ptx::from_src(ptx))
+                .map_err(|e| failed(format!("loading {}: {e}", family.file)))?;
+            for entry in family.entries {
+                let function = module
+                    .load_function(entry)
+                    .map_err(|e| failed(format!("{entry}: {e}")))?;
+                functions.insert(*entry, function);
+            }
+        }
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            name,
+            capability,
+            total_memory,
+            functions,
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The device's product name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// (major, minor) compute capability.
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    pub fn total_memory(&self) -> usize {
+        self.total_memory
+    }
+
+    /// Kernel `entry` of one of the families.
+    pub fn function(&self, entry: &str) -> Option<&CudaFunction> {
+        self.functions.get(entry)
+    }
+}

@@ -1,0 +1,84 @@
+//! The kernel families: one CUDA C file each, compiled with [`PRELUDE`] in front (shared
+//! types and block reductions), so that no CUDA header is needed where they compile.
+
+/// Shared by every family: bf16/f16 conversions, warp and block reductions.
+pub const PRELUDE: &str = include_str!("../../cuda/prelude.cuh");
+
+/// One `.cu` file and the `extern "C"` kernels it must define.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFamily {
+    pub file: &'static str,
+    pub code: &'static str,
+    pub entries: &'static [&'static str],
+}
+
+impl KernelFamily {
+    /// What NVRTC compiles: the prelude, then the file.
+    pub fn full_source(&self) -> String {
+        format!("{PRELUDE}\n// ---- {}\n{}", self.file, self.code)
+    }
+}
+
+macro_rules! family {
+    ($file:literal, [$($entry:literal),+ $(,)?]) => {
+        KernelFamily {
+            file: $file,
+            code: include_str!(concat!("../../cuda/", $file)),
+            entries: &[$($entry),+],
+        }
+    };
+}
+
+/// Every kernel family of a decoder step.
+pub const FAMILIES: &[KernelFamily] = &[
+    family!("embedding.cu", ["embedding_gather_bf16"]),
+    family!("rmsnorm.cu", ["rmsnorm_residual_f32"]),
+    family!("rope.cu", ["rope_f32"]),
+    family!("activation.cu", ["silu_mul_f32"]),
+    family!("kv_write.cu", ["kv_write_bf16"]),
+    family!(
+        "attention.cu",
+        ["paged_attention_partition", "paged_attention_reduce"]
+    ),
+    family!("dequant_matmul.cu", ["matvec_q8_0", "matvec_q4_k"]),
+    family!("sampling.cu", ["sample_rows"]),
+];
+
+/// The family that defines kernel `entry`.
+pub fn family_of(entry: &str) -> Option<&'static KernelFamily> {
+    FAMILIES.iter().find(|f| f.entries.contains(&entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_is_defined_once_in_its_file() {
+        let mut seen = std::collections::HashSet::new();
+        for family in FAMILIES {
+            for entry in family.entries {
+                assert!(seen.insert(*entry), "{entry} in two families");
+                let definition = format!("__global__ void {entry}(");
+                assert_eq!(
+                    family.code.matches(&definition).count(),
+                    1,
+                    "{}: {entry}",
+                    family.file
+                );
+                assert_eq!(family_of(entry), Some(family));
+            }
+        }
+        // Every file of the directory is a family (none forgotten).
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name.ends_with(".cu"))
+            .collect();
+        files.sort();
+        let mut listed: Vec<&str> = FAMILIES.iter().map(|f| f.file).collect();
+        listed.sort();
+        assert_eq!(files, listed);
+    }
+}
