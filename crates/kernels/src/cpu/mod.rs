@@ -2,14 +2,18 @@
 //! kernel is built from: one row with one vector ([`RowDot`]) or with several at once
 //! ([`BatchDot`], bit for bit the same per vector).
 //!
+//! Also the CPU twin of the CUDA sampling kernel ([`sample_threshold`]).
+//!
 //! [`Features::get`] is read once per process. Each SIMD path has the scalar reference in
 //! [`crate::quant::dot_row`] as its twin; tests compare the two on random data.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod dot;
+mod threshold_sampling;
 
 pub use dot::{BatchDot, RowDot, dot_f32};
+pub use threshold_sampling::{ThresholdParams, sample_threshold};
 
 use std::sync::OnceLock;
 

@@ -10,12 +10,14 @@
 //!   with the entry points each must define.
 //! - [`compile`]: NVRTC → PTX, and the on-disk PTX cache.
 //! - [`device`]: a device opened, its kernels loaded.
+//! - [`ops`]: typed launches, each checking its buffers against the shape it is given.
 //!
 //! Every kernel has a CPU twin (named in its file's header comment); the GPU check
 //! (`scripts/gpu-check.sh`) compares them.
 
 pub mod compile;
 pub mod device;
+pub mod ops;
 pub mod source;
 
 pub use compile::{PtxCache, compile_family, nvrtc_version};
@@ -49,6 +51,14 @@ pub enum CudaError {
         arch: String,
         entry: &'static str,
     },
+    #[error("{what}: expected {expected}, got {actual}")]
+    Shape {
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("not supported on CUDA yet: {what}")]
+    Unsupported { what: String },
     #[error("PTX cache {path}: {message}")]
     Cache {
         path: std::path::PathBuf,

@@ -1,0 +1,507 @@
+//! Typed launches of the kernels on one stream. Each checks its buffers' lengths against
+//! the shape it is given, so a wrong size is an error here, never an access out of bounds
+//! on the device. bf16 buffers are `u16` (the bits of a bf16).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
+
+use super::CudaError;
+use super::device::CudaDevice;
+
+/// Threads per block of the row kernels (a multiple of 32).
+const ROW_THREADS: u32 = 256;
+/// Warps per block of the matvec kernels.
+const MATVEC_WARPS: u32 = 4;
+/// Positions per attention partition (`PART` in `attention.cu`).
+pub const ATTENTION_PART: usize = 256;
+/// The largest head the attention kernel holds in shared memory.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The kernels of one device, launched on one stream.
+#[derive(Debug)]
+pub struct Ops<'a> {
+    device: &'a CudaDevice,
+    stream: Arc<CudaStream>,
+}
+
+fn check(what: &'static str, expected: usize, actual: usize) -> Result<(), CudaError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(CudaError::Shape {
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+fn u32_of(what: &'static str, n: usize) -> Result<u32, CudaError> {
+    u32::try_from(n).map_err(|_| CudaError::Shape {
+        what,
+        expected: u32::MAX as usize,
+        actual: n,
+    })
+}
+
+fn rows(n: usize, threads: u32) -> Result<LaunchConfig, CudaError> {
+    Ok(LaunchConfig {
+        grid_dim: (u32_of("rows", n)?, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+impl<'a> Ops<'a> {
+    pub fn new(device: &'a CudaDevice, stream: Arc<CudaStream>) -> Ops<'a> {
+        Ops { device, stream }
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A launch of kernel `entry` on this stream; push its arguments, then [`Ops::run`].
+    fn builder(&self, entry: &'static str) -> Result<LaunchArgs<'_>, CudaError> {
+        let function = self.device.function(entry).ok_or(CudaError::Device {
+            ordinal: self.device.ordinal(),
+            message: format!("kernel {entry} is not loaded"),
+        })?;
+        Ok(self.stream.launch_builder(function))
+    }
+
+    fn run(
+        &self,
+        entry: &'static str,
+        args: &mut LaunchArgs<'_>,
+        config: LaunchConfig,
+    ) -> Result<(), CudaError> {
+        // SAFETY: every caller pushes the arguments of `entry` in order and type (see its
+        // `.cu` file) and has checked each buffer's length against the shape the kernel
+        // indexes with.
+        unsafe { args.launch(config) }.map_err(|e| CudaError::Device {
+            ordinal: self.device.ordinal(),
+            message: format!("launching {entry}: {e}"),
+        })?;
+        Ok(())
+    }
+
+    /// `out[t] = table[ids[t] − vocab_start]` (bf16 → f32), zero for ids outside the
+    /// table's `rows` rows.
+    pub fn embedding(
+        &self,
+        out: &mut CudaSlice<f32>,
+        table: &CudaSlice<u16>,
+        ids: &CudaSlice<u32>,
+        hidden: usize,
+        vocab_start: u32,
+    ) -> Result<(), CudaError> {
+        let tokens = ids.len();
+        check("embedding out", tokens * hidden, out.len())?;
+        if hidden == 0 || !table.len().is_multiple_of(hidden) {
+            return Err(CudaError::Shape {
+                what: "embedding table (a multiple of hidden)",
+                expected: hidden,
+                actual: table.len(),
+            });
+        }
+        let (h, rows_n) = (
+            u32_of("hidden", hidden)?,
+            u32_of("rows", table.len() / hidden)?,
+        );
+        let config = rows(tokens, ROW_THREADS)?;
+        let mut a = self.builder("embedding_gather_bf16")?;
+        a.arg(out)
+            .arg(table)
+            .arg(ids)
+            .arg(&h)
+            .arg(&vocab_start)
+            .arg(&rows_n);
+        self.run("embedding_gather_bf16", &mut a, config)
+    }
+
+    /// Per token: `residual += x` (if given), `out = rmsnorm(residual) · weight`.
+    pub fn rmsnorm_residual(
+        &self,
+        out: &mut CudaSlice<f32>,
+        residual: &mut CudaSlice<f32>,
+        x: Option<&CudaSlice<f32>>,
+        weight: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let hidden = weight.len();
+        if hidden == 0 || !residual.len().is_multiple_of(hidden) {
+            return Err(CudaError::Shape {
+                what: "residual (a multiple of hidden)",
+                expected: hidden,
+                actual: residual.len(),
+            });
+        }
+        check("rmsnorm out", residual.len(), out.len())?;
+        if let Some(x) = x {
+            check("rmsnorm x", residual.len(), x.len())?;
+        }
+        let tokens = residual.len() / hidden;
+        let h = u32_of("hidden", hidden)?;
+        let null: u64 = 0;
+        let config = rows(tokens, ROW_THREADS)?;
+        let mut a = self.builder("rmsnorm_residual_f32")?;
+        a.arg(out).arg(residual);
+        match x {
+            Some(x) => a.arg(x),
+            None => a.arg(&null),
+        };
+        a.arg(weight).arg(&h).arg(&eps);
+        self.run("rmsnorm_residual_f32", &mut a, config)
+    }
+
+    /// Rotates q (`tokens × q_heads × head_dim`) and k (`tokens × k_heads × head_dim`) in
+    /// place; `pairing` 0: halves (HuggingFace), 1: adjacent (GGUF).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        positions: &CudaSlice<u32>,
+        inv_freq: &CudaSlice<f32>,
+        q_heads: usize,
+        k_heads: usize,
+        pairing: u32,
+    ) -> Result<(), CudaError> {
+        let head_dim = inv_freq.len() * 2;
+        let tokens = positions.len();
+        check("rope q", tokens * q_heads * head_dim, q.len())?;
+        check("rope k", tokens * k_heads * head_dim, k.len())?;
+        let (qh, kh, hd) = (
+            u32_of("q_heads", q_heads)?,
+            u32_of("k_heads", k_heads)?,
+            u32_of("head_dim", head_dim)?,
+        );
+        let config = rows(tokens, ROW_THREADS)?;
+        let mut a = self.builder("rope_f32")?;
+        a.arg(q)
+            .arg(k)
+            .arg(positions)
+            .arg(inv_freq)
+            .arg(&qh)
+            .arg(&kh)
+            .arg(&hd)
+            .arg(&pairing);
+        self.run("rope_f32", &mut a, config)
+    }
+
+    /// `out[t, i] = silu(gate_up[t, i]) · gate_up[t, inter + i]` (one fused projection per
+    /// token: gate, then up).
+    pub fn silu_mul(
+        &self,
+        out: &mut CudaSlice<f32>,
+        gate_up: &CudaSlice<f32>,
+        inter: usize,
+    ) -> Result<(), CudaError> {
+        if inter == 0 || !gate_up.len().is_multiple_of(2 * inter) {
+            return Err(CudaError::Shape {
+                what: "gate_up (a multiple of 2 × inter)",
+                expected: 2 * inter,
+                actual: gate_up.len(),
+            });
+        }
+        let tokens = gate_up.len() / (2 * inter);
+        check("silu_mul out", tokens * inter, out.len())?;
+        let gate: CudaView<'_, f32> = gate_up.slice(..);
+        let up: CudaView<'_, f32> = gate_up.slice(inter..);
+        let (i, stride, t) = (
+            u32_of("inter", inter)?,
+            u32_of("stride", 2 * inter)?,
+            u32_of("tokens", tokens)?,
+        );
+        let blocks = (tokens * inter)
+            .div_ceil(ROW_THREADS as usize)
+            .clamp(1, 65_535);
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = self.builder("silu_mul_f32")?;
+        a.arg(out).arg(&gate).arg(&up).arg(&i).arg(&stride).arg(&t);
+        self.run("silu_mul_f32", &mut a, config)
+    }
+
+    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`
+    /// (block × block_size + offset; negative: skipped).
+    pub fn kv_write(
+        &self,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        slots: &[i64],
+        kv_width: usize,
+    ) -> Result<(), CudaError> {
+        let tokens = slots.len();
+        check("kv_write k", tokens * kv_width, k.len())?;
+        check("kv_write v", tokens * kv_width, v.len())?;
+        check("kv_write v cache", k_cache.len(), v_cache.len())?;
+        let capacity = k_cache.len() / kv_width.max(1);
+        if let Some(&bad) = slots.iter().find(|&&s| s >= capacity as i64) {
+            return Err(CudaError::Shape {
+                what: "kv_write slot (below the cache's slots)",
+                expected: capacity,
+                actual: bad as usize,
+            });
+        }
+        let slots = self.upload(slots)?;
+        let w = u32_of("kv_width", kv_width)?;
+        let config = rows(tokens, ROW_THREADS)?;
+        let mut a = self.builder("kv_write_bf16")?;
+        a.arg(k_cache)
+            .arg(v_cache)
+            .arg(k)
+            .arg(v)
+            .arg(&slots)
+            .arg(&w);
+        self.run("kv_write_bf16", &mut a, config)
+    }
+
+    /// Paged attention of `queries` query tokens (`q`: queries × q_heads × head_dim):
+    /// query i reads the blocks of sequence `query_seq[i]` (a row of `tables`, each row
+    /// `max_blocks` long) up to position `contexts[i]` (exclusive), split into partitions
+    /// of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &self,
+        out: &mut CudaSlice<f32>,
+        q: &CudaSlice<f32>,
+        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        layout: crate::attention::KvLayout,
+        tables: &[u32],
+        max_blocks: usize,
+        query_seq: &[u32],
+        contexts: &[u32],
+        q_heads: usize,
+    ) -> Result<(), CudaError> {
+        let (k_cache, v_cache) = cache;
+        let hd = layout.head_dim;
+        let queries = query_seq.len();
+        check("attention contexts", queries, contexts.len())?;
+        check("attention q", queries * q_heads * hd, q.len())?;
+        check("attention out", q.len(), out.len())?;
+        check("attention v cache", k_cache.len(), v_cache.len())?;
+        if hd > MAX_HEAD_DIM || layout.kv_heads == 0 || !q_heads.is_multiple_of(layout.kv_heads) {
+            return Err(CudaError::Shape {
+                what: "attention head_dim (at most 256) and heads (a multiple of kv heads)",
+                expected: MAX_HEAD_DIM,
+                actual: hd,
+            });
+        }
+        if max_blocks == 0 || !tables.len().is_multiple_of(max_blocks) {
+            return Err(CudaError::Shape {
+                what: "attention tables (a multiple of max_blocks)",
+                expected: max_blocks,
+                actual: tables.len(),
+            });
+        }
+        let blocks = k_cache.len() / layout.block_len().max(1);
+        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= blocks) {
+            return Err(CudaError::Shape {
+                what: "attention block id (below the cache's blocks)",
+                expected: blocks,
+                actual: bad as usize,
+            });
+        }
+        let seqs = tables.len() / max_blocks;
+        if let Some(&bad) = query_seq.iter().find(|&&s| s as usize >= seqs) {
+            return Err(CudaError::Shape {
+                what: "attention query_seq (below the tables' rows)",
+                expected: seqs,
+                actual: bad as usize,
+            });
+        }
+        let reach = max_blocks * layout.block_size;
+        let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
+        if longest > reach || contexts.contains(&0) {
+            return Err(CudaError::Shape {
+                what: "attention context (1 ..= max_blocks × block_size)",
+                expected: reach,
+                actual: longest,
+            });
+        }
+        let partitions = longest.div_ceil(ATTENTION_PART).max(1);
+        let parts = queries * q_heads * partitions;
+        let mut part_out = self.alloc::<f32>(parts * hd)?;
+        let mut part_max = self.alloc::<f32>(parts)?;
+        let mut part_sum = self.alloc::<f32>(parts)?;
+        let (tables, query_seq, contexts) = (
+            self.upload(tables)?,
+            self.upload(query_seq)?,
+            self.upload(contexts)?,
+        );
+        let dims = [
+            u32_of("max_blocks", max_blocks)?,
+            u32_of("block_size", layout.block_size)?,
+            u32_of("q_heads", q_heads)?,
+            u32_of("kv_heads", layout.kv_heads)?,
+            u32_of("head_dim", hd)?,
+            u32_of("partitions", partitions)?,
+        ];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let grid = (dims[2], u32_of("queries", queries)?, dims[5]);
+        let config = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = self.builder("paged_attention_partition")?;
+        a.arg(&mut part_out)
+            .arg(&mut part_max)
+            .arg(&mut part_sum)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&tables)
+            .arg(&query_seq)
+            .arg(&contexts);
+        for d in &dims {
+            a.arg(d);
+        }
+        a.arg(&scale);
+        self.run("paged_attention_partition", &mut a, config)?;
+        let config = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = self.builder("paged_attention_reduce")?;
+        a.arg(out)
+            .arg(&part_out)
+            .arg(&part_max)
+            .arg(&part_sum)
+            .arg(&contexts)
+            .arg(&dims[2])
+            .arg(&dims[4])
+            .arg(&dims[5]);
+        self.run("paged_attention_reduce", &mut a, config)
+    }
+
+    /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for GGML-quantized `w` (`rows` rows of `cols`):
+    /// `DType::Q8_0` or `DType::Q4K`.
+    pub fn matvec_quantized(
+        &self,
+        out: &mut CudaSlice<f32>,
+        w: &CudaSlice<u8>,
+        dtype: crate::DType,
+        x: &CudaSlice<f32>,
+        rows_n: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        let (entry, block_elems, block_bytes) = match dtype {
+            crate::DType::Q8_0 => ("matvec_q8_0", 32, 34),
+            crate::DType::Q4K => ("matvec_q4_k", 256, 144),
+            _ => {
+                return Err(CudaError::Unsupported {
+                    what: format!("a dequantizing matvec for {dtype}"),
+                });
+            }
+        };
+        if cols == 0 || !cols.is_multiple_of(block_elems) || !x.len().is_multiple_of(cols) {
+            return Err(CudaError::Shape {
+                what: "matvec cols (whole blocks) and x (whole rows)",
+                expected: block_elems,
+                actual: cols,
+            });
+        }
+        check(
+            "matvec weight bytes",
+            rows_n * cols / block_elems * block_bytes,
+            w.len(),
+        )?;
+        let tokens = x.len() / cols;
+        check("matvec out", tokens * rows_n, out.len())?;
+        let (r, c) = (u32_of("rows", rows_n)?, u32_of("cols", cols)?);
+        let config = LaunchConfig {
+            grid_dim: (r.div_ceil(MATVEC_WARPS), u32_of("tokens", tokens)?, 1),
+            block_dim: (32 * MATVEC_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = self.builder(entry)?;
+        a.arg(out).arg(w).arg(x).arg(&r).arg(&c);
+        self.run(entry, &mut a, config)
+    }
+
+    /// One token per row of `logits` (rows × vocab) by the threshold rule of
+    /// [`crate::cpu::sample_threshold`], row i with `params[i]` and the draw `uniform[i]`.
+    pub fn sample(
+        &self,
+        out: &mut CudaSlice<u32>,
+        logits: &CudaSlice<f32>,
+        vocab: usize,
+        params: &[crate::cpu::ThresholdParams],
+        uniform: &[f32],
+    ) -> Result<(), CudaError> {
+        let rows_n = params.len();
+        check("sample uniform", rows_n, uniform.len())?;
+        check("sample logits", rows_n * vocab, logits.len())?;
+        check("sample out", rows_n, out.len())?;
+        let temperature: Vec<f32> = params.iter().map(|p| p.temperature).collect();
+        let top_k: Vec<u32> = params.iter().map(|p| p.top_k).collect();
+        let top_p: Vec<f32> = params.iter().map(|p| p.top_p).collect();
+        let min_p: Vec<f32> = params.iter().map(|p| p.min_p).collect();
+        let (temperature, top_k, top_p, min_p, uniform) = (
+            self.upload(&temperature)?,
+            self.upload(&top_k)?,
+            self.upload(&top_p)?,
+            self.upload(&min_p)?,
+            self.upload(uniform)?,
+        );
+        let v = u32_of("vocab", vocab)?;
+        let config = rows(rows_n, 1024)?;
+        let mut a = self.builder("sample_rows")?;
+        a.arg(out)
+            .arg(logits)
+            .arg(&v)
+            .arg(&temperature)
+            .arg(&top_k)
+            .arg(&top_p)
+            .arg(&min_p)
+            .arg(&uniform);
+        self.run("sample_rows", &mut a, config)
+    }
+
+    /// A copy of `host` on the device.
+    pub fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        host: &[T],
+    ) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.driver_error("copying to the device", e))
+    }
+
+    /// `n` zeros on the device.
+    pub fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .alloc_zeros(n)
+            .map_err(|e| self.driver_error("allocating", e))
+    }
+
+    /// A copy of `dev` on the host (waits for the stream).
+    pub fn download<T: cudarc::driver::DeviceRepr>(
+        &self,
+        dev: &CudaSlice<T>,
+    ) -> Result<Vec<T>, CudaError> {
+        self.stream
+            .clone_dtoh(dev)
+            .map_err(|e| self.driver_error("copying to the host", e))
+    }
+
+    fn driver_error(&self, what: &str, e: cudarc::driver::DriverError) -> CudaError {
+        CudaError::Device {
+            ordinal: self.device.ordinal(),
+            message: format!("{what}: {e}"),
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! Each CUDA kernel against its CPU twin, on a GPU (`scripts/gpu-check.sh` runs this).
+//! Without a CUDA driver every test says so and passes, unless `TESSERA_REQUIRE_GPU=1`.
+//! Tolerances: kernels on f32 data agree to float rounding (1e-5 relative, fast `__expf`
+//! in SiLU 1e-5); bf16 inputs are rounded to bf16 for the CPU twin too, so the remaining
+//! difference is summation order (1e-4); sampling must pick the same token in at least
+//! 99% of rows (a threshold can land a rounding step apart).
+
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use tessera_kernels::DType;
+use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
+use tessera_kernels::cpu::{ThresholdParams, sample_threshold};
+use tessera_kernels::cuda::device::driver_present;
+use tessera_kernels::cuda::ops::Ops;
+use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::quant::{dequantize_row, quantize_row_q8_0};
+use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
+
+fn device() -> Option<CudaDevice> {
+    if !driver_present() {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "TESSERA_REQUIRE_GPU=1 but there is no CUDA driver"
+        );
+        eprintln!("SKIPPED: no CUDA driver");
+        return None;
+    }
+    let dir = std::env::temp_dir().join("tessera-gpu-test-ptx");
+    Some(CudaDevice::open(0, &PtxCache::new(dir)).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn ops(device: &CudaDevice) -> Ops<'_> {
+    Ops::new(device, device.context().default_stream())
+}
+
+fn random(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+fn to_bf16(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect()
+}
+
+fn rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
+}
+
+#[track_caller]
+fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let mut worst = 0.0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(
+            err <= rel,
+            "{what}[{i}]: {g} vs {w} (relative {err}, allowed {rel})"
+        );
+        worst = worst.max(err);
+    }
+    eprintln!(
+        "{what}: {} values, worst relative error {worst:.2e} (allowed {rel:.0e})",
+        got.len()
+    );
+}
+
+#[test]
+fn embedding_matches_the_table_rows() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(1);
+    let (hidden, rows, start) = (96, 50, 100);
+    let table = random(&mut rng, rows * hidden, 1.0);
+    let ids: Vec<u32> = vec![100, 149, 7, 120, 150, 100];
+    let mut out = ops.alloc::<f32>(ids.len() * hidden).unwrap();
+    let table_dev = ops.upload(&to_bf16(&table)).unwrap();
+    let ids_dev = ops.upload(&ids).unwrap();
+    ops.embedding(&mut out, &table_dev, &ids_dev, hidden, start)
+        .unwrap();
+    let got = ops.download(&out).unwrap();
+    let table = rounded(&table);
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| {
+            let r = id.wrapping_sub(start) as usize;
+            if r < rows {
+                table[r * hidden..(r + 1) * hidden].to_vec()
+            } else {
+                vec![0.0; hidden]
+            }
+        })
+        .collect();
+    close("embedding", &got, &want, 0.0);
+}
+
+#[test]
+fn rmsnorm_with_residual_matches_the_cpu() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(2);
+    let (hidden, tokens) = (576, 5);
+    let x = random(&mut rng, hidden * tokens, 2.0);
+    let residual = random(&mut rng, hidden * tokens, 2.0);
+    let weight = random(&mut rng, hidden, 1.5);
+    let mut out = ops.alloc::<f32>(hidden * tokens).unwrap();
+    let mut res_dev = ops.upload(&residual).unwrap();
+    let (x_dev, w_dev) = (ops.upload(&x).unwrap(), ops.upload(&weight).unwrap());
+    ops.rmsnorm_residual(&mut out, &mut res_dev, Some(&x_dev), &w_dev, 1e-5)
+        .unwrap();
+    let (got, got_res) = (ops.download(&out).unwrap(), ops.download(&res_dev).unwrap());
+    let mut want = vec![0.0; hidden * tokens];
+    let mut want_res = residual.clone();
+    for t in 0..tokens {
+        let r = t * hidden..(t + 1) * hidden;
+        tessera_kernels::norm::add_rms_norm(
+            &mut want_res[r.clone()],
+            &x[r.clone()],
+            &weight,
+            1e-5,
+            &mut want[r],
+        );
+    }
+    close("rmsnorm residual", &got_res, &want_res, 1e-6);
+    close("rmsnorm out", &got, &want, 1e-5);
+}
+
+#[test]
+fn rope_matches_the_cpu_for_both_pairings_and_llama3_scaling() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(3);
+    let (hd, qh, kh) = (64, 9, 3);
+    let positions: Vec<usize> = vec![0, 1, 17, 500, 8191];
+    let scaling = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    for (pairing, code) in [(RopePairing::Halves, 0), (RopePairing::Interleaved, 1)] {
+        let rope = Rope::new(hd, 500_000.0, &scaling, pairing);
+        let q = random(&mut rng, positions.len() * qh * hd, 1.0);
+        let k = random(&mut rng, positions.len() * kh * hd, 1.0);
+        let (mut q_dev, mut k_dev) = (ops.upload(&q).unwrap(), ops.upload(&k).unwrap());
+        let pos: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let pos_dev = ops.upload(&pos).unwrap();
+        let freq_dev = ops.upload(rope.inv_freq()).unwrap();
+        ops.rope(&mut q_dev, &mut k_dev, &pos_dev, &freq_dev, qh, kh, code)
+            .unwrap();
+        let tables = rope.tables(&positions);
+        let (mut want_q, mut want_k) = (q.clone(), k.clone());
+        for t in 0..positions.len() {
+            rope.apply(&tables, t, &mut want_q[t * qh * hd..(t + 1) * qh * hd]);
+            rope.apply(&tables, t, &mut want_k[t * kh * hd..(t + 1) * kh * hd]);
+        }
+        // Angles up to ~8000 rad: sin/cos of f32 arguments differ in the last bits.
+        close("rope q", &ops.download(&q_dev).unwrap(), &want_q, 1e-4);
+        close("rope k", &ops.download(&k_dev).unwrap(), &want_k, 1e-4);
+    }
+}
+
+#[test]
+fn silu_mul_matches_the_cpu() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(4);
+    let (inter, tokens) = (1536, 3);
+    let gate_up = random(&mut rng, 2 * inter * tokens, 6.0);
+    let mut out = ops.alloc::<f32>(inter * tokens).unwrap();
+    let gu_dev = ops.upload(&gate_up).unwrap();
+    ops.silu_mul(&mut out, &gu_dev, inter).unwrap();
+    let mut want = Vec::new();
+    for t in gate_up.chunks(2 * inter) {
+        let (mut g, u) = (t[..inter].to_vec(), &t[inter..]);
+        tessera_kernels::activation::silu_mul(&mut g, u);
+        want.extend(g);
+    }
+    close("silu_mul", &ops.download(&out).unwrap(), &want, 1e-5);
+}
+
+#[test]
+fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(5);
+    let layout = KvLayout {
+        block_size: 16,
+        kv_heads: 3,
+        head_dim: 64,
+    };
+    let (q_heads, blocks) = (9, 96);
+    let width = layout.kv_heads * layout.head_dim;
+    // Two sequences: 700 positions (three partitions) and 40; blocks shuffled.
+    let lens = [700usize, 40];
+    let max_blocks = 700usize.div_ceil(16);
+    let mut ids: Vec<u32> = (0..blocks as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let mut tables = vec![0u32; 2 * max_blocks];
+    let mut next = 0;
+    for (s, &len) in lens.iter().enumerate() {
+        for b in 0..len.div_ceil(16) {
+            tables[s * max_blocks + b] = ids[next];
+            next += 1;
+        }
+    }
+    // Every position's K/V written through kv_write.
+    let mut slots = Vec::new();
+    for (s, &len) in lens.iter().enumerate() {
+        for p in 0..len {
+            let block = tables[s * max_blocks + p / 16] as i64;
+            slots.push(block * 16 + (p % 16) as i64);
+        }
+    }
+    let k = random(&mut rng, slots.len() * width, 1.0);
+    let v = random(&mut rng, slots.len() * width, 1.0);
+    let mut k_cache = ops.alloc::<u16>(blocks * layout.block_len()).unwrap();
+    let mut v_cache = ops.alloc::<u16>(blocks * layout.block_len()).unwrap();
+    let (k_dev, v_dev) = (ops.upload(&k).unwrap(), ops.upload(&v).unwrap());
+    ops.kv_write(&mut k_cache, &mut v_cache, &k_dev, &v_dev, &slots, width)
+        .unwrap();
+    let mut k_pool = vec![0.0f32; blocks * layout.block_len()];
+    let mut v_pool = k_pool.clone();
+    for (t, &slot) in slots.iter().enumerate() {
+        let dst = slot as usize * width;
+        k_pool[dst..dst + width].copy_from_slice(&rounded(&k[t * width..(t + 1) * width]));
+        v_pool[dst..dst + width].copy_from_slice(&rounded(&v[t * width..(t + 1) * width]));
+    }
+    let cache_bits: Vec<u16> = ops.download(&k_cache).unwrap();
+    let cache_f32: Vec<f32> = cache_bits
+        .iter()
+        .map(|&b| bf16::from_bits(b).to_f32())
+        .collect();
+    close("kv_write k", &cache_f32, &k_pool, 0.0);
+
+    // Queries: a decode token of each sequence, and a causal chunk of sequence 0.
+    let query_seq: Vec<u32> = vec![0, 1, 0, 0, 0];
+    let contexts: Vec<u32> = vec![700, 40, 1, 257, 512];
+    let q = random(&mut rng, query_seq.len() * q_heads * 64, 1.0);
+    let q_dev = ops.upload(&q).unwrap();
+    let mut out = ops.alloc::<f32>(q.len()).unwrap();
+    ops.paged_attention(
+        &mut out,
+        &q_dev,
+        (&k_cache, &v_cache),
+        layout,
+        &tables,
+        max_blocks,
+        &query_seq,
+        &contexts,
+        q_heads,
+    )
+    .unwrap();
+    let rows: Vec<&[u32]> = query_seq
+        .iter()
+        .map(|&s| &tables[s as usize * max_blocks..(s as usize + 1) * max_blocks])
+        .collect();
+    let visible: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
+    let kv = PagedKv {
+        layout,
+        k: &k_pool,
+        v: &v_pool,
+    };
+    let mut want = vec![0.0; q.len()];
+    paged_attention(&q, &kv, &rows, &visible, q_heads, &mut want);
+    close("paged attention", &ops.download(&out).unwrap(), &want, 1e-4);
+}
+
+#[test]
+fn quantized_matvecs_match_the_cpu_dot_products() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(6);
+    let (rows, cols, tokens) = (37, 512, 3);
+    let x = random(&mut rng, cols * tokens, 1.0);
+    // Q8_0 from real quantization; Q4_K blocks of random quants with small scales.
+    let dense = random(&mut rng, rows * cols, 1.0);
+    let mut q8 = vec![0u8; rows * cols / 32 * 34];
+    for (r, row) in dense.chunks(cols).enumerate() {
+        let bytes = cols / 32 * 34;
+        quantize_row_q8_0(row, &mut q8[r * bytes..(r + 1) * bytes]).unwrap();
+    }
+    let mut q4k = vec![0u8; rows * cols / 256 * 144];
+    for block in q4k.chunks_mut(144) {
+        rng.fill(&mut block[4..]);
+        block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        block[2..4].copy_from_slice(&half::f16::from_f32(0.005).to_le_bytes());
+    }
+    for (dtype, w) in [(DType::Q8_0, &q8), (DType::Q4K, &q4k)] {
+        let (w_dev, x_dev) = (ops.upload(w).unwrap(), ops.upload(&x).unwrap());
+        let mut out = ops.alloc::<f32>(rows * tokens).unwrap();
+        ops.matvec_quantized(&mut out, &w_dev, dtype, &x_dev, rows, cols)
+            .unwrap();
+        let bytes = w.len() / rows;
+        let mut want = Vec::new();
+        for t in 0..tokens {
+            for r in 0..rows {
+                let mut row = vec![0.0; cols];
+                dequantize_row(dtype, &w[r * bytes..(r + 1) * bytes], &mut row).unwrap();
+                let xt = &x[t * cols..(t + 1) * cols];
+                want.push(row.iter().zip(xt).map(|(a, b)| a * b).sum::<f32>());
+            }
+        }
+        close(
+            &format!("matvec {dtype}"),
+            &ops.download(&out).unwrap(),
+            &want,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn sampling_picks_the_cpu_twins_tokens() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(7);
+    let (rows, vocab) = (200, 49_152);
+    let logits = random(&mut rng, rows * vocab, 8.0);
+    let params: Vec<ThresholdParams> = (0..rows)
+        .map(|i| ThresholdParams {
+            temperature: [0.0, 0.7, 1.0, 1.3][i % 4],
+            top_k: [0, 1, 40, 1000][i / 4 % 4],
+            top_p: [1.0, 0.9, 0.5][i % 3],
+            min_p: [0.0, 0.05][i % 2],
+        })
+        .collect();
+    let uniform: Vec<f32> = (0..rows).map(|_| rng.random_range(0.0..1.0)).collect();
+    let logits_dev = ops.upload(&logits).unwrap();
+    let mut out = ops.alloc::<u32>(rows).unwrap();
+    ops.sample(&mut out, &logits_dev, vocab, &params, &uniform)
+        .unwrap();
+    let got = ops.download(&out).unwrap();
+    let same = (0..rows)
+        .filter(|&r| {
+            got[r] == sample_threshold(&logits[r * vocab..(r + 1) * vocab], params[r], uniform[r])
+        })
+        .count();
+    eprintln!("sampling: {same} of {rows} rows pick the CPU twin's token");
+    assert!(same * 100 >= rows * 99, "{same} of {rows}");
+}
