@@ -12,6 +12,8 @@
 //! - [`collective`]: the [`Collective`] trait (all-reduce sum, all-gather, broadcast,
 //!   barrier) with CPU backends — shared memory on one host, a TCP ring between hosts — each
 //!   call bounded by a deadline that names the rank that did not arrive.
+//! - [`nccl`]: NCCL between GPU ranks (loaded at run time), every collective bounded by a
+//!   deadline that aborts the communicator.
 //!
 //! Drivers: the shard process (`tessera-shard`) owns one collective on its compute thread
 //! and one control connection; the coordinator accepts the control connections.
@@ -19,6 +21,7 @@
 pub mod certs;
 pub mod collective;
 mod error;
+pub mod nccl;
 pub mod proto;
 pub mod quic;
 pub mod tls;

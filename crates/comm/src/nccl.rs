@@ -1,0 +1,205 @@
+//! NCCL between the ranks of a GPU group (cudarc's bindings, loaded at run time: no build
+//! needs NCCL). One communicator per group and epoch, owned by the compute thread that
+//! made it.
+//!
+//! Every collective is enqueued on the communicator's stream, then waited for by polling
+//! an event against the group's deadline. A collective still running at its deadline
+//! aborts the communicator (`ncclCommAbort`, which cudarc runs when the `Comm` is dropped)
+//! and reports this rank, so a dead or stalled peer fails the epoch instead of hanging the
+//! shard; an aborted group refuses every later call.
+//!
+//! The unique id (128 bytes) is made by rank 0, whose host runs NCCL's bootstrap root, and
+//! reaches the other ranks over the coordinator's mutual-TLS control channel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp};
+use tessera_topology::Rank;
+
+/// Bytes of an NCCL unique id.
+pub const ID_BYTES: usize = 128;
+
+/// How often a waiting collective looks at its stream.
+const POLL: Duration = Duration::from_micros(20);
+
+/// Why an NCCL group failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NcclError {
+    #[error(
+        "NCCL was not found: libnccl.so must be on the library path (a link to the CUDA \
+         installation's libnccl.so.2 will do; scripts/gpu-check.sh makes one)"
+    )]
+    NoLibrary,
+    #[error("rank {rank}: {op}: {message}")]
+    Nccl {
+        rank: Rank,
+        op: &'static str,
+        message: String,
+    },
+    #[error(
+        "rank {rank}: {op} did not complete within {waited_ms} ms (a peer is dead or \
+         stalled); the communicator was aborted"
+    )]
+    Deadline {
+        rank: Rank,
+        op: &'static str,
+        waited_ms: u64,
+    },
+    #[error("rank {rank}: the communicator was aborted by an earlier failure")]
+    Aborted { rank: Rank },
+    #[error("rank {rank}: {op}: {detail}")]
+    BadLength {
+        rank: Rank,
+        op: &'static str,
+        detail: String,
+    },
+}
+
+/// Whether libnccl can be loaded.
+pub fn nccl_present() -> bool {
+    // SAFETY: only tries to dlopen the library's candidate names.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+/// A fresh unique id, made on rank 0's host (it names that host's bootstrap root).
+pub fn unique_id() -> Result<[u8; ID_BYTES], NcclError> {
+    if !nccl_present() {
+        return Err(NcclError::NoLibrary);
+    }
+    let id = Id::new().map_err(|e| NcclError::Nccl {
+        rank: Rank(0),
+        op: "ncclGetUniqueId",
+        message: format!("{e:?}"),
+    })?;
+    Ok(id.internal().map(|c| c as u8))
+}
+
+/// One rank's communicator of a group, with the deadline of its collectives.
+#[derive(Debug)]
+pub struct NcclGroup {
+    comm: Option<Comm>,
+    stream: Arc<CudaStream>,
+    rank: Rank,
+    world: usize,
+    deadline: Duration,
+}
+
+impl NcclGroup {
+    /// Joins the group of `world` ranks that `id` names, as `rank`, on `stream`. Blocks
+    /// until every rank has joined (NCCL's initialization has no timeout of its own).
+    pub fn join(
+        stream: Arc<CudaStream>,
+        rank: Rank,
+        world: usize,
+        id: &[u8; ID_BYTES],
+        deadline: Duration,
+    ) -> Result<NcclGroup, NcclError> {
+        if !nccl_present() {
+            return Err(NcclError::NoLibrary);
+        }
+        let id = Id::uninit(id.map(|b| b as core::ffi::c_char));
+        let comm =
+            Comm::from_rank(Arc::clone(&stream), rank.0 as usize, world, id).map_err(|e| {
+                NcclError::Nccl {
+                    rank,
+                    op: "ncclCommInitRank",
+                    message: format!("{e:?}"),
+                }
+            })?;
+        Ok(NcclGroup {
+            comm: Some(comm),
+            stream,
+            rank,
+            world,
+            deadline,
+        })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Sums `buf` over the ranks, in place.
+    pub fn all_reduce_sum(&mut self, buf: &mut CudaSlice<f32>) -> Result<(), NcclError> {
+        let rank = self.rank;
+        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+        comm.all_reduce_in_place(buf, &ReduceOp::Sum)
+            .map_err(|e| nccl_error(rank, "all-reduce", e))?;
+        self.wait("all-reduce")
+    }
+
+    /// Every rank's `input`, in rank order, into `output` (world × input's length).
+    pub fn all_gather(
+        &mut self,
+        input: &CudaSlice<f32>,
+        output: &mut CudaSlice<f32>,
+    ) -> Result<(), NcclError> {
+        let rank = self.rank;
+        if output.len() != input.len() * self.world {
+            return Err(NcclError::BadLength {
+                rank,
+                op: "all-gather",
+                detail: format!(
+                    "output holds {} values, not {} ranks × {}",
+                    output.len(),
+                    self.world,
+                    input.len()
+                ),
+            });
+        }
+        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+        comm.all_gather(input, output)
+            .map_err(|e| nccl_error(rank, "all-gather", e))?;
+        self.wait("all-gather")
+    }
+
+    /// `root`'s `buf` onto every rank, in place.
+    pub fn broadcast(&mut self, buf: &mut CudaSlice<f32>, root: Rank) -> Result<(), NcclError> {
+        let rank = self.rank;
+        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+        comm.broadcast_in_place(buf, root.0 as i32)
+            .map_err(|e| nccl_error(rank, "broadcast", e))?;
+        self.wait("broadcast")
+    }
+
+    /// Waits for the stream's work so far, aborting the communicator at the deadline.
+    fn wait(&mut self, op: &'static str) -> Result<(), NcclError> {
+        let rank = self.rank;
+        let driver = |e: cudarc::driver::DriverError| NcclError::Nccl {
+            rank,
+            op,
+            message: e.to_string(),
+        };
+        let done = self.stream.record_event(None).map_err(driver)?;
+        let started = Instant::now();
+        loop {
+            if done.try_is_complete().map_err(driver)? {
+                return Ok(());
+            }
+            if started.elapsed() >= self.deadline {
+                // Dropping the communicator aborts it: the stalled kernel returns.
+                self.comm = None;
+                return Err(NcclError::Deadline {
+                    rank,
+                    op,
+                    waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+fn nccl_error(rank: Rank, op: &'static str, e: cudarc::nccl::result::NcclError) -> NcclError {
+    NcclError::Nccl {
+        rank,
+        op,
+        message: format!("{e:?}"),
+    }
+}
