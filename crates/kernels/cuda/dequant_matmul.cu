@@ -6,6 +6,19 @@ __device__ __forceinline__ float load_f16(const unsigned char* p) {
     return f16_to_f32((f16_t)(p[0] | (p[1] << 8)));
 }
 
+// This warp's output row (blockIdx.x × warps + warp) and token (blockIdx.y).
+__device__ __forceinline__ unsigned int warp_row() {
+    return blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
+// Sums the lanes' partial dot products into out[token, row].
+__device__ __forceinline__ void store_row(float* out, unsigned int rows, unsigned int row, float acc) {
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31u) == 0) {
+        out[(size_t)blockIdx.y * rows + row] = acc;
+    }
+}
+
 // Q8_0: blocks of 32 values, 34 bytes: f16 scale d, then 32 signed quants. cols % 32 == 0.
 extern "C" __global__ void matvec_q8_0(
     float* out,
@@ -13,16 +26,14 @@ extern "C" __global__ void matvec_q8_0(
     const float* x,
     unsigned int rows,
     unsigned int cols) {
-    const unsigned int warps = blockDim.x >> 5;
-    const unsigned int row = blockIdx.x * warps + (threadIdx.x >> 5);
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int t = blockIdx.y;
+    const unsigned int row = warp_row();
     if (row >= rows) {
         return;
     }
+    const unsigned int lane = threadIdx.x & 31u;
     const unsigned int blocks = cols / 32;
     const unsigned char* wr = w + (size_t)row * blocks * 34;
-    const float* xt = x + (size_t)t * cols;
+    const float* xt = x + (size_t)blockIdx.y * cols;
     float acc = 0.0f;
     for (unsigned int b = lane; b < blocks; b += 32) {
         const unsigned char* blk = wr + (size_t)b * 34;
@@ -33,10 +44,7 @@ extern "C" __global__ void matvec_q8_0(
         }
         acc += load_f16(blk) * dot;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        out[(size_t)t * rows + row] = acc;
-    }
+    store_row(out, rows, row, acc);
 }
 
 // The 6-bit scale and minimum of Q4_K sub-block j (0..8) from the 12 packed bytes.
@@ -61,16 +69,14 @@ extern "C" __global__ void matvec_q4_k(
     const float* x,
     unsigned int rows,
     unsigned int cols) {
-    const unsigned int warps = blockDim.x >> 5;
-    const unsigned int row = blockIdx.x * warps + (threadIdx.x >> 5);
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int t = blockIdx.y;
+    const unsigned int row = warp_row();
     if (row >= rows) {
         return;
     }
+    const unsigned int lane = threadIdx.x & 31u;
     const unsigned int supers = cols / 256;
     const unsigned char* wr = w + (size_t)row * supers * 144;
-    const float* xt = x + (size_t)t * cols;
+    const float* xt = x + (size_t)blockIdx.y * cols;
     const unsigned int chunk = lane / 8;
     const unsigned int l0 = (lane % 8) * 4;
     float acc = 0.0f;
@@ -94,8 +100,5 @@ extern "C" __global__ void matvec_q4_k(
         }
         acc += d * sc_lo * lo - dmin * m_lo * lo_x + d * sc_hi * hi - dmin * m_hi * hi_x;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        out[(size_t)t * rows + row] = acc;
-    }
+    store_row(out, rows, row, acc);
 }

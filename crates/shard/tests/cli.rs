@@ -19,16 +19,29 @@ fn fails(args: &[&str]) -> String {
 }
 
 fn topology(dir: &Path) -> PathBuf {
+    topology_with(dir, 2, "cpu")
+}
+
+/// A topology of one group `g` of `tp` ranks on `device` (`cuda:N`: rank r on `cuda:N+r`).
+fn topology_with(dir: &Path, tp: usize, device: &str) -> PathBuf {
     let model = repo().join("fixtures/models/llama-gqa/f32");
-    let text = format!(
+    let mut text = format!(
         "[[coordinator]]\nid = 1\nhost = \"local\"\nquic = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\n\n\
          [[host]]\nname = \"local\"\naddress = \"127.0.0.1\"\n\n\
          [[model]]\nname = \"m\"\npath = \"{}\"\n\n\
-         [[group]]\nname = \"g\"\nmodel = \"m\"\ntp = 2\n\n\
-         [[group.shard]]\nrank = 0\nhost = \"local\"\ndevice = \"cpu\"\nport = 7101\nkv_memory = \"1MiB\"\n\n\
-         [[group.shard]]\nrank = 1\nhost = \"local\"\ndevice = \"cpu\"\nport = 7102\nkv_memory = \"1MiB\"\n",
+         [[group]]\nname = \"g\"\nmodel = \"m\"\ntp = {tp}\n\n",
         model.display()
     );
+    for rank in 0..tp {
+        let device = match device.strip_prefix("cuda:") {
+            Some(n) => format!("cuda:{}", n.parse::<usize>().expect("cuda index") + rank),
+            None => device.to_string(),
+        };
+        text.push_str(&format!(
+            "[[group.shard]]\nrank = {rank}\nhost = \"local\"\ndevice = \"{device}\"\nport = {}\nkv_memory = \"1MiB\"\n\n",
+            7101 + rank
+        ));
+    }
     let path = dir.join("topology.toml");
     std::fs::write(&path, text).expect("write topology");
     path
@@ -108,17 +121,7 @@ fn a_cuda_device_without_a_driver_is_a_clear_error() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let model = repo().join("fixtures/models/llama-gqa/f32");
-    let text = format!(
-        "[[coordinator]]\nid = 1\nhost = \"local\"\nquic = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\n\n\
-         [[host]]\nname = \"local\"\naddress = \"127.0.0.1\"\n\n\
-         [[model]]\nname = \"m\"\npath = \"{}\"\n\n\
-         [[group]]\nname = \"g\"\nmodel = \"m\"\ntp = 1\n\n\
-         [[group.shard]]\nrank = 0\nhost = \"local\"\ndevice = \"cuda:0\"\nport = 7101\nkv_memory = \"1MiB\"\n",
-        model.display()
-    );
-    let t = dir.path().join("topology.toml");
-    std::fs::write(&t, text).expect("write topology");
+    let t = topology_with(dir.path(), 1, "cuda:0");
     let err = fails(&[
         "--topology",
         t.to_str().expect("utf-8 path"),

@@ -159,6 +159,20 @@ pub fn topology_text(
 }
 
 /// The text of a topology with coordinator peers 1, 2, … (`host`, `quic`, `http` each).
+/// `n` coordinator peers on host `local` of loopback: (host, QUIC address, HTTP address)
+/// each, for [`peers_topology_text`].
+pub fn local_peer_addrs(n: usize) -> Vec<(&'static str, String, String)> {
+    (0..n)
+        .map(|_| {
+            (
+                "local",
+                format!("127.0.0.1:{}", free_port()),
+                format!("127.0.0.1:{}", free_port()),
+            )
+        })
+        .collect()
+}
+
 pub fn peers_topology_text(
     peers: &[(&str, String, String)],
     hosts: &[(&str, &str)],
@@ -300,15 +314,7 @@ impl Cluster {
         groups: &[GroupSpec],
         shard_env: &[(&str, &str)],
     ) -> anyhow::Result<(Cluster, Vec<String>)> {
-        let addrs: Vec<(&str, String, String)> = (0..peers)
-            .map(|_| {
-                (
-                    "local",
-                    format!("127.0.0.1:{}", free_port()),
-                    format!("127.0.0.1:{}", free_port()),
-                )
-            })
-            .collect();
+        let addrs = local_peer_addrs(peers);
         let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], groups);
         let mut cluster = Cluster::prepare(&text, &addrs[0].2)?;
         for id in 1..=peers {

@@ -15,7 +15,7 @@ use tessera_comm::proto::{
     StepPlan,
 };
 use tessera_comm::{GroupToken, quic, wire};
-use tessera_tests::{Cluster, GroupSpec, fixture, free_port, peers_topology_text};
+use tessera_tests::{Cluster, GroupSpec, fixture, local_peer_addrs, peers_topology_text};
 use tessera_topology::PeerId;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
@@ -150,15 +150,7 @@ async fn registered(peer: &mut FakePeer, who: &str) -> Link {
 #[test]
 fn a_deposed_leader_cannot_drive_the_shard() {
     // Three peers (raft needs an odd number); peer 3 never starts.
-    let addrs: Vec<(&str, String, String)> = (0..3)
-        .map(|_| {
-            (
-                "local",
-                format!("127.0.0.1:{}", free_port()),
-                format!("127.0.0.1:{}", free_port()),
-            )
-        })
-        .collect();
+    let addrs = local_peer_addrs(3);
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 1);
     let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], &[group]);
     let mut cluster = Cluster::prepare(&text, &addrs[0].2).expect("prepared");

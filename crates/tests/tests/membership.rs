@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_API_KEY, bin, fixture, free_port, get, peers_topology_text, post,
-    token_ids,
+    Cluster, GroupSpec, TEST_API_KEY, bin, fixture, get, local_peer_addrs, peers_topology_text,
+    post, token_ids,
 };
 
 /// `tessera cluster ARGS --url URL` with the test key: its stdout, or the failure.
@@ -76,15 +76,7 @@ fn greedy(url: &str) -> anyhow::Result<Vec<u32>> {
 
 #[test]
 fn a_peer_added_with_tessera_cluster_votes_and_a_removed_one_is_gone() {
-    let addrs: Vec<(&str, String, String)> = (0..5)
-        .map(|_| {
-            (
-                "local",
-                format!("127.0.0.1:{}", free_port()),
-                format!("127.0.0.1:{}", free_port()),
-            )
-        })
-        .collect();
+    let addrs = local_peer_addrs(5);
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 1);
     let hosts = [("local", "127.0.0.1")];
     // The first three peers start from a topology of three; the fourth (and the shard)
