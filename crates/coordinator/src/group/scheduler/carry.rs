@@ -33,11 +33,20 @@ pub struct Adopted {
 
 impl Scheduler {
     /// Counts the carried sequences in the blocks and runs on the queued requests they
-    /// belong to.
+    /// belong to. A shard's report is checked first: a sequence whose positions do not add
+    /// up, one of a request named twice, or one past the group's blocks (prefix-shared
+    /// blocks count once on the shards, once per sequence here) is freed instead.
     pub(super) fn install_carried(&mut self, carried: Vec<HeldSeq>, now: Instant) -> Vec<Adopted> {
         self.carried.clear();
+        let mut twice = Vec::new();
         for held in carried {
             let blocks = self.blocks_for(u64::from(held.computed));
+            let consistent = !held.generated.is_empty()
+                && held.computed as usize + 1 == held.prompt_len as usize + held.generated.len();
+            if !consistent || self.used_blocks + blocks > self.kv_blocks {
+                self.to_free.push(held.seq);
+                continue;
+            }
             self.used_blocks += blocks;
             let tag = held.request.clone();
             let carried = Carried {
@@ -45,9 +54,15 @@ impl Scheduler {
                 blocks,
                 since: now,
             };
-            if let Some(twice) = self.carried.insert(tag, carried) {
-                // Two sequences of one request (not from this coordinator): keep neither.
-                self.free_carried(twice);
+            if let Some(first) = self.carried.insert(tag.clone(), carried) {
+                self.free_carried(first);
+                twice.push(tag);
+            }
+        }
+        // Two sequences of one request (not from this coordinator): keep neither.
+        for tag in twice {
+            if let Some(c) = self.carried.remove(&tag) {
+                self.free_carried(c);
             }
         }
         let keys: Vec<QueueKey> = self

@@ -502,3 +502,33 @@ fn a_request_queued_before_the_epoch_runs_on_as_its_carried_sequence() {
     assert_eq!(p0.new[0].generated, [4]);
     assert_eq!(s.resumed(), (1, 1));
 }
+
+#[test]
+fn carried_sequences_that_do_not_add_up_or_fit_are_freed() {
+    let now = Instant::now();
+    let mut s = Scheduler::new(2, config(256));
+    let mut inconsistent = carried(5, "cmpl-b", 20, &[1, 2]);
+    inconsistent.computed = 30;
+    let empty = HeldSeq {
+        generated: Vec::new(),
+        computed: 19,
+        ..carried(6, "cmpl-c", 20, &[1])
+    };
+    // 40 + 1 positions need 3 blocks of 16; the group has 5: the second does not fit.
+    let big = |seq, tag| carried(seq, tag, 40, &[1, 2]);
+    let held = vec![
+        inconsistent,
+        empty,
+        big(7, "cmpl-d"),
+        big(8, "cmpl-e"),
+        carried(9, "cmpl-f", 4, &[1]),
+        carried(10, "cmpl-f", 4, &[1]),
+    ];
+    s.start_epoch(1, 5, 16, held, now);
+    assert_eq!(s.kv_usage().0, 3, "only cmpl-d is counted");
+    let mut freed = s.plan_step(now).unwrap().free;
+    freed.sort();
+    assert_eq!(freed, [SeqId(5), SeqId(6), SeqId(8), SeqId(9), SeqId(10)]);
+    let claimed = s.submit(SeqId(1), "cmpl-d", request(40, 10), vec![1], now);
+    assert!(matches!(claimed, Ok(Admitted::Carried(_))), "{claimed:?}");
+}
