@@ -45,6 +45,18 @@ fn u32_of(what: &'static str, n: usize) -> Result<u32, CudaError> {
     })
 }
 
+/// A grid's y or z extent: at most 65,535 blocks.
+fn grid_yz(what: &'static str, n: usize) -> Result<u32, CudaError> {
+    if n > 65_535 {
+        return Err(CudaError::Shape {
+            what,
+            expected: 65_535,
+            actual: n,
+        });
+    }
+    u32_of(what, n)
+}
+
 fn rows(n: usize, threads: u32) -> Result<LaunchConfig, CudaError> {
     Ok(LaunchConfig {
         grid_dim: (u32_of("rows", n)?, 1, 1),
@@ -346,7 +358,11 @@ impl<'a> Ops<'a> {
             u32_of("partitions", partitions)?,
         ];
         let scale = 1.0 / (hd as f32).sqrt();
-        let grid = (dims[2], u32_of("queries", queries)?, dims[5]);
+        let grid = (
+            dims[2],
+            grid_yz("attention queries (grid y)", queries)?,
+            grid_yz("attention partitions (grid z)", partitions)?,
+        );
         let config = LaunchConfig {
             grid_dim: grid,
             block_dim: (128, 1, 1),
@@ -420,7 +436,11 @@ impl<'a> Ops<'a> {
         check("matvec out", tokens * rows_n, out.len())?;
         let (r, c) = (u32_of("rows", rows_n)?, u32_of("cols", cols)?);
         let config = LaunchConfig {
-            grid_dim: (r.div_ceil(MATVEC_WARPS), u32_of("tokens", tokens)?, 1),
+            grid_dim: (
+                r.div_ceil(MATVEC_WARPS),
+                grid_yz("matvec tokens (grid y)", tokens)?,
+                1,
+            ),
             block_dim: (32 * MATVEC_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
