@@ -33,6 +33,10 @@ use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
 use crate::metrics as m;
 use crate::replication::state::Command;
 
+mod telemetry;
+
+use telemetry::{Rate, Totals};
+
 /// How a group's ranks find each other, and the limits it runs under.
 #[derive(Clone, Debug)]
 pub struct GroupConfig {
@@ -131,15 +135,6 @@ enum State {
     },
 }
 
-/// Per-rank step timings, summed, for the periodic report.
-#[derive(Default, Clone, Copy)]
-struct Totals {
-    steps: u64,
-    step_us: u64,
-    collective_us: u64,
-    idle_us: u64,
-}
-
 /// Starts the driver of one group.
 pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
     let (commands, command_rx) = mpsc::channel(super::COMMAND_BUFFER);
@@ -221,29 +216,6 @@ struct Driver {
     /// Resumed requests (carried, recomputed) already counted in the metric.
     resumed: (u64, u64),
     shard_tx: mpsc::UnboundedSender<FromShard>,
-}
-
-/// Tokens per second over the last [`RATE_WINDOW`].
-#[derive(Default)]
-struct Rate {
-    tokens: u64,
-    since: Option<Instant>,
-    per_second: f64,
-}
-
-const RATE_WINDOW: Duration = Duration::from_secs(2);
-
-impl Rate {
-    fn add(&mut self, tokens: usize, now: Instant) {
-        self.tokens += tokens as u64;
-        let since = *self.since.get_or_insert(now);
-        let elapsed = now.duration_since(since);
-        if elapsed >= RATE_WINDOW {
-            self.per_second = self.tokens as f64 / elapsed.as_secs_f64();
-            self.tokens = 0;
-            self.since = Some(now);
-        }
-    }
 }
 
 impl Driver {
@@ -750,13 +722,6 @@ impl Driver {
         }
     }
 
-    fn labels(&self, rank: Rank) -> [(&'static str, String); 2] {
-        [
-            ("group", self.config.name.clone()),
-            ("rank", rank.to_string()),
-        ]
-    }
-
     fn current_epoch(&self) -> Option<u64> {
         match self.state {
             State::Down => None,
@@ -776,79 +741,8 @@ impl Driver {
         }
     }
 
-    /// Publishes the group's state for the router, the status API and the metrics.
-    fn publish(&mut self) {
-        let now = Instant::now();
-        self.rate.add(0, now);
-        let (used, total, block_size) = self.sched.kv_usage();
-        let s = &mut self.status;
-        s.state = match self.state {
-            State::Down => "down",
-            State::Assigning { .. } => "assigning",
-            State::Serving { .. } => "serving",
-        };
-        s.epoch = self.epoch;
-        s.running = self.sched.running();
-        s.waiting = self.sched.waiting();
-        s.kv_blocks = total;
-        s.kv_blocks_used = used;
-        s.block_size = block_size;
-        s.tokens_per_second = self.rate.per_second;
-        s.prefix_cache_hit_tokens = self.sched.prefix_hit_tokens();
-        self.shared.waiting.store(s.waiting, Ordering::Relaxed);
-        let group = || [("group", self.config.name.clone())];
-        metrics::gauge!(m::SCHED_RUNNING, &group()).set(s.running as f64);
-        metrics::gauge!(m::SCHED_WAITING, &group()).set(s.waiting as f64);
-        metrics::gauge!(m::KV_BLOCKS_USED, &group()).set(f64::from(used));
-        let preemptions = self.sched.preemptions();
-        if preemptions > self.preemptions {
-            metrics::counter!(m::SCHED_PREEMPTIONS, &group())
-                .increment(preemptions - self.preemptions);
-            self.preemptions = preemptions;
-        }
-        let (carried, recomputed) = self.sched.resumed();
-        for (how, now, before) in [
-            ("carried", carried, &mut self.resumed.0),
-            ("recomputed", recomputed, &mut self.resumed.1),
-        ] {
-            if now > *before {
-                let labels = [
-                    ("group", self.config.name.clone()),
-                    ("how", how.to_string()),
-                ];
-                metrics::counter!(m::SCHED_RESUMED, &labels).increment(now - *before);
-                *before = now;
-            }
-        }
-        *self
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = s.clone();
-    }
-
     fn shard_state(&mut self, rank: Rank, state: &'static str) {
         self.status.shards[rank.0 as usize].state = state;
-    }
-
-    /// Logs where the ranks' step time went since the last report.
-    fn report(&mut self) {
-        for (r, t) in self.totals.iter_mut().enumerate() {
-            if t.steps == 0 {
-                continue;
-            }
-            let busy = t.step_us.max(1) as f64;
-            info!(
-                group = %self.config.name,
-                rank = r,
-                steps = t.steps,
-                mean_step_us = t.step_us / t.steps,
-                collective_share = format!("{:.3}", t.collective_us as f64 / busy),
-                bubble_share = format!("{:.3}", t.idle_us as f64 / (busy + t.idle_us as f64)),
-                "step timings"
-            );
-            *t = Totals::default();
-        }
     }
 }
 
