@@ -3,15 +3,18 @@
 # scripts/gpu-prepare.sh first where Rust is installed; this runs its binaries from .gpu/
 # (or builds them here when cargo is present).
 #
-# Done so far: each CUDA kernel against its CPU twin, with the tolerances written in
-# crates/kernels/tests/gpu.rs, and a one-rank NCCL group (crates/comm/tests/nccl_gpu.rs).
-# Not yet (the model does not run on CUDA yet): SmolLM2 on cuda:0 against the CPU path,
-# tp = 2 on one GPU, decode tokens/s.
+# It runs: each CUDA kernel against its CPU twin (tolerances in crates/kernels/tests/gpu.rs);
+# the model on cuda:0 against the CPU path on every fixture, SmolLM2 greedy when models/
+# holds it, and tp = 2 with two ranks on one GPU through the CPU collective
+# (crates/model/tests/cuda_model.rs); a one-rank NCCL group (crates/comm/tests/nccl_gpu.rs);
+# decode tokens/s at batch 1, 8 and 64 with the fraction of the card's memory bandwidth
+# (crates/model/benches/cuda_decode.rs).
 # Usage: scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export TESSERA_REQUIRE_GPU=1
 export TESSERA_CACHE_DIR="${TESSERA_CACHE_DIR:-/tmp/tessera-gpu-check}"
+export TESSERA_REPO_ROOT="$PWD"
 # NVRTC and the driver from the CUDA installation, when they are not on the path already.
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [[ -d "$dir" ]] && export LD_LIBRARY_PATH="${dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -20,7 +23,7 @@ done
 # versioned names exist (CUDA 13 images ship libnccl.so.2 and libnvrtc.so.13).
 links=/tmp/tessera-libs
 mkdir -p "$links"
-for lib in nccl nvrtc; do
+for lib in nccl nvrtc cublas; do
     if ! ldconfig -p | grep -q "lib${lib}\.so "; then
         found="$(find /usr/local /usr/lib /opt -name "lib${lib}.so.*" -not -name "*builtins*" 2>/dev/null | sort | head -1)"
         [[ -n "$found" ]] && ln -sf "$found" "$links/lib${lib}.so"
@@ -41,4 +44,15 @@ if [[ -x .gpu/nccl-gpu ]]; then
 else
     cargo test --release --offline -p tessera-comm --test nccl_gpu -- --nocapture
 fi
-echo "== not yet: SmolLM2 on cuda:0, tp = 2 on one GPU, decode tokens/s (docs/cuda.md)"
+echo "== the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
+if [[ -x .gpu/model-gpu ]]; then
+    .gpu/model-gpu --test-threads=1 --nocapture
+else
+    cargo test --release --offline -p tessera-model --test cuda_model -- --test-threads=1 --nocapture
+fi
+echo "== decode throughput"
+if [[ -x .gpu/cuda-decode ]]; then
+    .gpu/cuda-decode
+else
+    cargo bench --offline -p tessera-model --bench cuda_decode
+fi

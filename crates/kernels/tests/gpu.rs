@@ -179,6 +179,62 @@ fn silu_mul_matches_the_cpu() {
 }
 
 #[test]
+fn bf16_rounding_and_bias_match_the_cpu() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(9);
+    let x = random(&mut rng, 5000, 100.0);
+    let x_dev = ops.upload(&x).unwrap();
+    let mut bits = ops.alloc::<u16>(x.len()).unwrap();
+    ops.round_bf16(&mut bits, &x_dev).unwrap();
+    assert_eq!(
+        ops.download(&bits).unwrap(),
+        to_bf16(&x),
+        "round to nearest even"
+    );
+    let bias = random(&mut rng, 40, 1.0);
+    let mut y_dev = ops.upload(&x).unwrap();
+    ops.add_bias(&mut y_dev, &ops.upload(&bias).unwrap())
+        .unwrap();
+    let want: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % 40])
+        .collect();
+    close("add_bias", &ops.download(&y_dev).unwrap(), &want, 0.0);
+}
+
+#[test]
+fn cublas_bf16_gemm_matches_the_cpu_matmul() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let blas = tessera_kernels::cuda::Blas::new(0, ops.stream().clone()).unwrap();
+    let mut rng = StdRng::seed_from_u64(10);
+    let (rows, cols) = (300, 576);
+    let w = rounded(&random(&mut rng, rows * cols, 1.0));
+    for tokens in [1, 7, 64] {
+        let x = rounded(&random(&mut rng, tokens * cols, 1.0));
+        let mut y = ops.alloc::<f32>(tokens * rows).unwrap();
+        let (w_dev, x_dev) = (
+            ops.upload(&to_bf16(&w)).unwrap(),
+            ops.upload(&to_bf16(&x)).unwrap(),
+        );
+        blas.gemm_bf16(&ops, &mut y, &w_dev, &x_dev, (rows, cols))
+            .unwrap();
+        let mut want = vec![0.0f32; tokens * rows];
+        for (t, out) in want.chunks_mut(rows).enumerate() {
+            for (r, o) in out.iter_mut().enumerate() {
+                let dot: f64 = (0..cols)
+                    .map(|c| f64::from(w[r * cols + c]) * f64::from(x[t * cols + c]))
+                    .sum();
+                *o = dot as f32;
+            }
+        }
+        close("cublas bf16 gemm", &ops.download(&y).unwrap(), &want, 1e-4);
+    }
+}
+
+#[test]
 fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     let Some(dev) = device() else { return };
     let ops = ops(&dev);
@@ -218,8 +274,16 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     let mut k_cache = ops.alloc::<u16>(blocks * layout.block_len()).unwrap();
     let mut v_cache = ops.alloc::<u16>(blocks * layout.block_len()).unwrap();
     let (k_dev, v_dev) = (ops.upload(&k).unwrap(), ops.upload(&v).unwrap());
-    ops.kv_write(&mut k_cache, &mut v_cache, &k_dev, &v_dev, &slots, width)
-        .unwrap();
+    let dev_slots = ops.slots(&slots, blocks * layout.block_size).unwrap();
+    ops.kv_write(
+        &mut k_cache,
+        &mut v_cache,
+        &k_dev,
+        &v_dev,
+        &dev_slots,
+        width,
+    )
+    .unwrap();
     let mut k_pool = vec![0.0f32; blocks * layout.block_len()];
     let mut v_pool = k_pool.clone();
     for (t, &slot) in slots.iter().enumerate() {
@@ -240,18 +304,13 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     let q = random(&mut rng, query_seq.len() * q_heads * 64, 1.0);
     let q_dev = ops.upload(&q).unwrap();
     let mut out = ops.alloc::<f32>(q.len()).unwrap();
-    ops.paged_attention(
-        &mut out,
-        &q_dev,
-        (&k_cache, &v_cache),
-        layout,
-        &tables,
-        max_blocks,
-        &query_seq,
-        &contexts,
-        q_heads,
-    )
-    .unwrap();
+    let mut index = ops
+        .attention_index(
+            &tables, max_blocks, &query_seq, &contexts, layout, blocks, q_heads,
+        )
+        .unwrap();
+    ops.paged_attention(&mut out, &q_dev, (&k_cache, &v_cache), layout, &mut index)
+        .unwrap();
     let rows: Vec<&[u32]> = query_seq
         .iter()
         .map(|&s| &tables[s as usize * max_blocks..(s as usize + 1) * max_blocks])

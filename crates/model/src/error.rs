@@ -58,6 +58,8 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Kernel(#[from] tessera_kernels::KernelError),
+    #[error(transparent)]
+    Cuda(#[from] tessera_kernels::cuda::CudaError),
     #[error("{path}: tokenizer: {message}")]
     Tokenizer { path: PathBuf, message: String },
     #[error("invalid request: {message}")]

@@ -59,6 +59,18 @@ impl SeqCache {
     }
 }
 
+/// How many blocks of `layout` fit in `budget_bytes` for `layers` layers, K and V stored
+/// with `value_bytes` bytes per value (f32 on the CPU, bf16 on a GPU).
+pub fn blocks_for_budget(
+    layout: KvLayout,
+    layers: usize,
+    budget_bytes: usize,
+    value_bytes: usize,
+) -> usize {
+    let block_bytes = 2 * layers * layout.block_len() * value_bytes;
+    budget_bytes.checked_div(block_bytes).unwrap_or(0)
+}
+
 impl KvCache {
     /// A cache of `num_blocks` blocks for `layers` layers.
     pub fn new(layout: KvLayout, layers: usize, num_blocks: usize) -> KvCache {
@@ -74,8 +86,7 @@ impl KvCache {
     /// How many blocks of `layout` fit in `budget_bytes` for `layers` layers (K and V, f32).
     /// On a tensor-parallel rank `layout.kv_heads` is the rank's own KV heads.
     pub fn blocks_for_budget(layout: KvLayout, layers: usize, budget_bytes: usize) -> usize {
-        let block_bytes = 2 * layers * layout.block_len() * size_of::<f32>();
-        budget_bytes.checked_div(block_bytes).unwrap_or(0)
+        blocks_for_budget(layout, layers, budget_bytes, size_of::<f32>())
     }
 
     pub fn layout(&self) -> KvLayout {

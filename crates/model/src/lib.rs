@@ -7,10 +7,12 @@
 //! - [`tokenizer`], [`chat`]: text ↔ token ids, and chat templates.
 //! - [`kv_cache`]: the paged KV cache of one process.
 //! - [`llama`]: the forward pass; [`generate`]: one-sequence generation.
+//! - [`cuda`]: the same forward pass on a CUDA device; [`slice`]: either, as a shard runs it.
 //! - [`loader`]: a model path → weights + tokenizer + chat template.
 
 pub mod chat;
 pub mod config;
+pub mod cuda;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -19,6 +21,7 @@ pub mod kv_cache;
 pub mod llama;
 pub mod loader;
 pub mod safetensors_source;
+pub mod slice;
 pub mod tokenizer;
 pub mod weights;
 

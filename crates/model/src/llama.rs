@@ -40,9 +40,9 @@ use crate::weights::{TensorId, TensorSource, Weight, check_shape};
 
 /// A projection with an optional bias.
 #[derive(Debug)]
-struct Linear {
-    weight: Weight,
-    bias: Option<Vec<f32>>,
+pub(crate) struct Linear {
+    pub(crate) weight: Weight,
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl Linear {
@@ -61,16 +61,16 @@ impl Linear {
 }
 
 #[derive(Debug)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// What every layer of one forward pass shares.
@@ -145,25 +145,25 @@ impl Layer {
 
 /// Where a model sits in its tensor-parallel group.
 #[derive(Clone, Debug)]
-struct Sharding {
-    tp: usize,
-    plan: RankPlan,
+pub(crate) struct Sharding {
+    pub(crate) tp: usize,
+    pub(crate) plan: RankPlan,
     /// Vocabulary rows of every rank, in rank order: how to un-pad the gathered logits.
-    vocab_parts: Vec<Range<usize>>,
+    pub(crate) vocab_parts: Vec<Range<usize>>,
 }
 
 /// A loaded Llama-family model: the whole model (tp = 1) or one rank's slice of it.
 #[derive(Debug)]
 pub struct Llama {
-    config: ModelConfig,
-    rope: Rope,
+    pub(crate) config: ModelConfig,
+    pub(crate) rope: Rope,
     /// This rank's vocabulary rows of the token embedding.
-    embed: Weight,
-    layers: Vec<Layer>,
-    final_norm: Vec<f32>,
+    pub(crate) embed: Weight,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) final_norm: Vec<f32>,
     /// This rank's vocabulary rows of the LM head; `None` when tied to the embedding.
-    lm_head: Option<Weight>,
-    sharding: Sharding,
+    pub(crate) lm_head: Option<Weight>,
+    pub(crate) sharding: Sharding,
     weight_bytes: usize,
     /// Tensors whose column slice was not block-aligned and was dequantized to f32.
     dequantized: Vec<String>,
@@ -479,7 +479,11 @@ impl Llama {
         let mut tables = Vec::with_capacity(n);
         let mut wanted = Vec::new();
         for chunk in batch {
-            self.check_chunk(chunk, cache)?;
+            check_chunk(
+                c.vocab_size,
+                chunk,
+                (cache.layout().block_size, cache.num_blocks()),
+            )?;
             tokens.extend_from_slice(chunk.tokens);
             positions.extend(chunk.start..chunk.start + chunk.tokens.len());
             tables.extend(std::iter::repeat_n(chunk.block_table, chunk.tokens.len()));
@@ -541,47 +545,15 @@ impl Llama {
         })
     }
 
-    /// Refuses a chunk with tokens outside the vocabulary, or whose block table does not
-    /// cover its positions inside the cache.
-    fn check_chunk(&self, chunk: &SeqChunk<'_>, cache: &KvCache) -> Result<(), ModelError> {
-        let vocab = self.config.vocab_size;
-        if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::InvalidRequest {
-                message: format!("token id {bad} is outside the vocabulary of {vocab}"),
-            });
-        }
-        let end = chunk.start + chunk.tokens.len();
-        let needed = end.div_ceil(cache.layout().block_size);
-        let blocks = cache.num_blocks();
-        if chunk.block_table.len() < needed
-            || chunk.block_table.iter().any(|&b| b as usize >= blocks)
-        {
-            return Err(ModelError::InvalidRequest {
-                message: format!(
-                    "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
-                    chunk.block_table.len()
-                ),
-            });
-        }
-        Ok(())
-    }
-
     /// Refuses a collective or cache that does not belong to this rank's slice: a wrong
     /// group size would deadlock or mis-sum, a wrong cache layout would scramble K/V.
     fn check_group(&self, cache: &KvCache, comm: &dyn Collective) -> Result<(), ModelError> {
-        let plan = &self.sharding.plan;
-        if comm.world_size() != self.sharding.tp || comm.rank() != plan.rank {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "the model is rank {} of {}, the collective is rank {} of {}",
-                    plan.rank,
-                    self.sharding.tp,
-                    comm.rank(),
-                    comm.world_size()
-                ),
-            });
-        }
-        let layout = cache.layout();
+        self.sharding.check_collective(comm)?;
+        self.check_layout(cache.layout())
+    }
+
+    /// Refuses a KV cache laid out for other heads than this rank's.
+    fn check_layout(&self, layout: KvLayout) -> Result<(), ModelError> {
         let want = self.kv_layout(layout.block_size);
         if layout != want {
             return Err(ModelError::Plan {
@@ -618,9 +590,7 @@ impl Llama {
         Ok(())
     }
 
-    /// Logits of `n` tokens: this rank's vocabulary rows, gathered from every rank. Each
-    /// token's part is padded with −∞ to one length for the all-gather, then un-padded in
-    /// rank order.
+    /// Logits of `n` tokens: this rank's vocabulary rows, gathered from every rank.
     fn logits(
         &self,
         normed: &[f32],
@@ -631,17 +601,48 @@ impl Llama {
             return Ok(Vec::new());
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let parts = &self.sharding.vocab_parts;
-        let vocab = self.config.vocab_size;
-        let padded = vocab.div_ceil(parts.len());
         let mut rows = vec![0.0; n * head.rows];
         matmul(&head.mat(), normed, &mut rows)?;
+        self.sharding.gather_logits(&rows, n, comm)
+    }
+}
+
+impl Sharding {
+    /// Refuses a collective of another group size or rank than this slice's.
+    pub(crate) fn check_collective(&self, comm: &dyn Collective) -> Result<(), ModelError> {
+        if comm.world_size() != self.tp || comm.rank() != self.plan.rank {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "the model is rank {} of {}, the collective is rank {} of {}",
+                    self.plan.rank,
+                    self.tp,
+                    comm.rank(),
+                    comm.world_size()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The logits of `n` tokens over the whole vocabulary from this rank's `rows`
+    /// (`n × its vocabulary rows`). Each token's part is padded with −∞ to one length for
+    /// the all-gather, then un-padded in rank order.
+    pub(crate) fn gather_logits(
+        &self,
+        rows: &[f32],
+        n: usize,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let parts = &self.vocab_parts;
+        let mine_rows = self.plan.vocab_rows.len();
+        let vocab = parts.last().map_or(0, |p| p.end);
+        let padded = vocab.div_ceil(parts.len());
         let mut mine = vec![f32::NEG_INFINITY; n * padded];
         for (dst, src) in mine
             .chunks_exact_mut(padded)
-            .zip(rows.chunks_exact(head.rows))
+            .zip(rows.chunks_exact(mine_rows))
         {
-            dst[..head.rows].copy_from_slice(src);
+            dst[..mine_rows].copy_from_slice(src);
         }
         if parts.len() == 1 {
             return Ok(mine.chunks_exact(padded).map(<[f32]>::to_vec).collect());
@@ -657,9 +658,7 @@ impl Llama {
         }
         Ok(logits)
     }
-}
 
-impl Sharding {
     /// Checks `plan` against the group's plan for this model and keeps what forward needs.
     fn new(config: &ModelConfig, plan: &RankPlan, tp: usize) -> Result<Sharding, ModelError> {
         let plans = plan_group(tp, &config.shape()).map_err(|e| ModelError::Plan {
@@ -679,4 +678,29 @@ impl Sharding {
             vocab_parts: plans.into_iter().map(|p| p.vocab_rows).collect(),
         })
     }
+}
+
+/// Refuses a chunk with tokens outside a vocabulary of `vocab`, or whose block table does
+/// not cover its positions inside a cache of `blocks` blocks of `block_size` positions.
+pub(crate) fn check_chunk(
+    vocab: usize,
+    chunk: &SeqChunk<'_>,
+    (block_size, blocks): (usize, usize),
+) -> Result<(), ModelError> {
+    if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::InvalidRequest {
+            message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+        });
+    }
+    let end = chunk.start + chunk.tokens.len();
+    let needed = end.div_ceil(block_size);
+    if chunk.block_table.len() < needed || chunk.block_table.iter().any(|&b| b as usize >= blocks) {
+        return Err(ModelError::InvalidRequest {
+            message: format!(
+                "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
+                chunk.block_table.len()
+            ),
+        });
+    }
+    Ok(())
 }

@@ -17,8 +17,8 @@ use tessera_comm::proto::{
     FinishReason, HeldSeq, NewSeq, Sampling, SeqId, SeqToken, StepPlan, TokenLogprobs,
 };
 use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
-use tessera_model::kv_cache::{KvCache, SeqChunk};
-use tessera_model::llama::Llama;
+use tessera_model::kv_cache::SeqChunk;
+use tessera_model::slice::{ModelSlice, SliceCache};
 use tessera_topology::Rank;
 
 use crate::blocks::{BlockAllocator, BlockId, ChainHash};
@@ -84,14 +84,14 @@ pub struct Engine {
     rank: Rank,
     epoch: u64,
     next_step: u64,
-    cache: KvCache,
+    cache: SliceCache,
     blocks: BlockAllocator,
     seqs: HashMap<SeqId, Seq>,
 }
 
 impl Engine {
-    pub fn new(rank: Rank, epoch: u64, cache: KvCache) -> Engine {
-        let blocks = BlockAllocator::new(cache.num_blocks(), cache.layout().block_size);
+    pub fn new(rank: Rank, epoch: u64, cache: SliceCache) -> Engine {
+        let blocks = BlockAllocator::new(cache.num_blocks(), cache.block_size());
         Engine {
             rank,
             epoch,
@@ -166,7 +166,7 @@ impl Engine {
     /// Executes `plan`: frees, admits, runs one batched pass, shares rank 0's samples.
     pub fn step(
         &mut self,
-        model: &Llama,
+        model: &ModelSlice,
         plan: &StepPlan,
         comm: &mut dyn Collective,
     ) -> Result<StepOutput, ShardError> {
@@ -338,7 +338,7 @@ impl Engine {
     /// One batched forward pass; the logits of every run that samples, in run order.
     fn forward(
         &mut self,
-        model: &Llama,
+        model: &ModelSlice,
         runs: &[Run],
         comm: &mut dyn Collective,
     ) -> Result<Vec<Vec<f32>>, ShardError> {

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
@@ -69,20 +69,22 @@ fn run(args: &Args) -> anyhow::Result<()> {
             group.tp
         )
     })?;
-    if let Device::Cuda(ordinal) = shard.device {
-        let cache = PtxCache::new(PtxCache::default_dir());
-        let device = CudaDevice::open(ordinal as usize, &cache)
-            .with_context(|| format!("group `{}` rank {rank}: {}", group.name, shard.device))?;
-        bail!(
-            "group `{}` rank {rank}: {} ({}, compute capability {}.{}) opened and its kernels \
-             loaded, but the model does not run on CUDA in this build yet: use device = \"cpu\"",
-            group.name,
-            shard.device,
-            device.name(),
-            device.capability().0,
-            device.capability().1,
-        );
-    }
+    let device = match shard.device {
+        Device::Cuda(ordinal) => {
+            let cache = PtxCache::new(PtxCache::default_dir());
+            let device = CudaDevice::open(ordinal as usize, &cache)
+                .with_context(|| format!("group `{}` rank {rank}: {}", group.name, shard.device))?;
+            info!(
+                device = %shard.device,
+                name = device.name(),
+                capability = ?device.capability(),
+                total_memory = device.total_memory(),
+                "device opened, kernels loaded"
+            );
+            Some(Arc::new(device))
+        }
+        Device::Cpu => None,
+    };
     let model = topology
         .model(&group.model)
         .ok_or_else(|| anyhow!("model `{}` is not in the topology", group.model))?;
@@ -112,6 +114,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         model_path: model.path.clone(),
         plan,
         kv_memory_bytes: shard.kv_memory_bytes,
+        device,
         step_delay: fault_step_delay()?,
     };
     std::thread::Builder::new()

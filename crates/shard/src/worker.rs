@@ -16,9 +16,10 @@ use tessera_comm::Collective;
 use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::connect::connect;
 use tessera_comm::proto::{Assignment, HeldSeq, Ready, ShardMsg, StepDone, StepPlan, StepTimings};
-use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
-use tessera_model::llama::{Llama, LoadProgress};
+use tessera_kernels::cuda::CudaDevice;
+use tessera_model::llama::LoadProgress;
 use tessera_model::loader;
+use tessera_model::slice::ModelSlice;
 use tessera_topology::{Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -48,6 +49,8 @@ pub struct WorkerConfig {
     pub model_path: PathBuf,
     pub plan: RankPlan,
     pub kv_memory_bytes: u64,
+    /// The GPU this rank runs on (`None`: the CPU).
+    pub device: Option<Arc<CudaDevice>>,
     /// Fault injection for tests: sleep this long before every step (a slow shard).
     pub step_delay: Duration,
 }
@@ -80,7 +83,7 @@ impl TermFence {
 
 /// Runs until the command channel closes.
 pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedSender<ShardMsg>) {
-    let mut model: Option<Arc<Llama>> = None;
+    let mut model: Option<Arc<ModelSlice>> = None;
     let mut active: Option<Active> = None;
     let mut last_step_end: Option<Instant> = None;
     let mut fence = TermFence::default();
@@ -205,7 +208,7 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
 /// carries the last epoch's cache and the sequences the assignment keeps.
 fn assign(
     config: &WorkerConfig,
-    model: &mut Option<Arc<Llama>>,
+    model: &mut Option<Arc<ModelSlice>>,
     assignment: Assignment,
     carried: Option<Engine>,
     events: &UnboundedSender<ShardMsg>,
@@ -235,11 +238,21 @@ fn assign(
                     });
                 }
             };
-            let loaded = Arc::new(loader::load_rank_with_progress(
+            let llama = loader::load_rank_with_progress(
                 &config.model_path,
                 &config.plan,
                 config.tp,
                 &mut on_layer,
+            )?;
+            let mut on_upload = |done: usize, layers: usize| {
+                if done == layers {
+                    info!(layers, "uploaded to the device");
+                }
+            };
+            let loaded = Arc::new(ModelSlice::place(
+                llama,
+                config.device.clone(),
+                &mut on_upload,
             )?);
             info!(
                 rank = %config.rank,
@@ -265,11 +278,8 @@ fn assign(
     let (engine, kept) = match carried {
         Some(engine) => engine.carry(epoch, &assignment.keep),
         None => {
-            let c = llama.config();
-            let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
             let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
-            let blocks = KvCache::blocks_for_budget(layout, c.num_hidden_layers, budget);
-            let cache = KvCache::new(layout, c.num_hidden_layers, blocks);
+            let cache = llama.new_cache(budget)?;
             (Engine::new(config.rank, epoch, cache), Vec::new())
         }
     };

@@ -6,20 +6,23 @@ use std::path::Path;
 use tessera_comm::collective::Solo;
 use tessera_comm::proto::{NewSeq, PrefillChunk, Sampling, SeqId, StepPlan};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
-use tessera_model::llama::Llama;
 use tessera_model::loader;
+use tessera_model::slice::{ModelSlice, SliceCache};
 use tessera_shard::engine::Engine;
 use tessera_topology::Rank;
 
-fn model() -> Llama {
+fn model() -> ModelSlice {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama-gqa/f32");
-    loader::load_weights(&dir).expect("fixture loads")
+    ModelSlice::Cpu(loader::load_weights(&dir).expect("fixture loads"))
 }
 
-fn engine(model: &Llama) -> Engine {
-    let layout = model.kv_layout(DEFAULT_BLOCK_SIZE);
-    let cache = KvCache::new(layout, model.config().num_hidden_layers, 64);
-    Engine::new(Rank(0), 1, cache)
+fn engine(model: &ModelSlice) -> Engine {
+    let ModelSlice::Cpu(llama) = model else {
+        unreachable!("the fixture runs on the CPU")
+    };
+    let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
+    let cache = KvCache::new(layout, llama.config().num_hidden_layers, 64);
+    Engine::new(Rank(0), 1, SliceCache::Cpu(cache))
 }
 
 fn new_seq(seq: u64, request: &str) -> NewSeq {
@@ -61,7 +64,7 @@ fn plan(epoch: u64, step: u64, new: Vec<NewSeq>, decode: &[u64]) -> StepPlan {
 }
 
 /// Tokens of sequence 1 over `steps` steps (the first prefills, the rest decode).
-fn run(model: &Llama, e: &mut Engine, epoch: u64, first_step: u64, steps: u64) -> Vec<u32> {
+fn run(model: &ModelSlice, e: &mut Engine, epoch: u64, first_step: u64, steps: u64) -> Vec<u32> {
     let mut comm = Solo::default();
     let mut tokens = Vec::new();
     for i in 0..steps {

@@ -100,6 +100,33 @@ impl CudaDevice {
         self.total_memory
     }
 
+    /// Bytes of device memory free now (all processes on the device count).
+    pub fn free_memory(&self) -> Result<usize, CudaError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, _total)| free)
+            .map_err(|e| CudaError::Device {
+                ordinal: self.ordinal,
+                message: format!("querying free memory: {e}"),
+            })
+    }
+
+    /// Peak memory bandwidth in bytes per second, from the memory clock and bus width the
+    /// driver reports (double data rate); `None` where it reports neither.
+    pub fn peak_bandwidth(&self) -> Option<f64> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let clock_khz = self
+            .ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
+            .ok()?;
+        let bus_bits = self
+            .ctx
+            .attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+            .ok()?;
+        (clock_khz > 0 && bus_bits > 0)
+            .then(|| 2.0 * f64::from(clock_khz) * 1e3 * f64::from(bus_bits) / 8.0)
+    }
+
     /// Kernel `entry` of one of the families.
     pub fn function(&self, entry: &str) -> Option<&CudaFunction> {
         self.functions.get(entry)

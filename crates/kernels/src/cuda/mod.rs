@@ -10,6 +10,7 @@
 //!   with the entry points each must define.
 //! - [`compile`]: NVRTC → PTX, and the on-disk PTX cache.
 //! - [`device`]: a device opened, its kernels loaded.
+//! - [`gemm`]: bf16 GEMMs through cuBLAS.
 //! - [`ops`]: typed launches, each checking its buffers against the shape it is given.
 //!
 //! Every kernel has a CPU twin (named in its file's header comment); the GPU check
@@ -17,11 +18,15 @@
 
 pub mod compile;
 pub mod device;
+pub mod gemm;
 pub mod ops;
 pub mod source;
 
 pub use compile::{PtxCache, compile_family, nvrtc_version};
+pub use cudarc::driver::{CudaSlice, CudaStream};
 pub use device::CudaDevice;
+pub use gemm::Blas;
+pub use ops::{AttentionIndex, Ops, Slots};
 pub use source::{FAMILIES, KernelFamily};
 
 /// Why the CUDA backend cannot run.
@@ -37,6 +42,11 @@ pub enum CudaError {
          toolkit, or the `nvidia-cuda-nvrtc-cu12` wheel's lib directory in LD_LIBRARY_PATH)"
     )]
     NoNvrtc,
+    #[error(
+        "cuBLAS was not found: libcublas.so.12 must be on the library path (from the CUDA \
+         toolkit, or the `nvidia-cublas-cu12` wheel's lib directory in LD_LIBRARY_PATH)"
+    )]
+    NoCublas,
     #[error("cuda:{ordinal}: {message}")]
     Device { ordinal: usize, message: String },
     #[error("{file} does not compile for {arch}:\n{log}")]

@@ -18,11 +18,35 @@ pub const ATTENTION_PART: usize = 256;
 /// The largest head the attention kernel holds in shared memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Cache slots of a batch's tokens on the device, checked against the cache they index.
+#[derive(Debug)]
+pub struct Slots {
+    slots: CudaSlice<i64>,
+    capacity: usize,
+}
+
+/// One batch's attention queries on the device (see [`Ops::attention_index`]).
+#[derive(Debug)]
+pub struct AttentionIndex {
+    tables: CudaSlice<u32>,
+    query_seq: CudaSlice<u32>,
+    contexts: CudaSlice<u32>,
+    max_blocks: usize,
+    cache_blocks: usize,
+    q_heads: usize,
+    partitions: usize,
+    part_out: CudaSlice<f32>,
+    part_max: CudaSlice<f32>,
+    part_sum: CudaSlice<f32>,
+}
+
 /// The kernels of one device, launched on one stream.
 #[derive(Debug)]
 pub struct Ops<'a> {
     device: &'a CudaDevice,
     stream: Arc<CudaStream>,
+    /// Kernels launched through this value (cuBLAS calls count one each).
+    launches: std::cell::Cell<u64>,
 }
 
 fn check(what: &'static str, expected: usize, actual: usize) -> Result<(), CudaError> {
@@ -65,9 +89,33 @@ fn rows(n: usize, threads: u32) -> Result<LaunchConfig, CudaError> {
     })
 }
 
+/// A grid-stride launch over `n` values.
+fn spread(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(ROW_THREADS as usize).clamp(1, 65_535);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 impl<'a> Ops<'a> {
     pub fn new(device: &'a CudaDevice, stream: Arc<CudaStream>) -> Ops<'a> {
-        Ops { device, stream }
+        Ops {
+            device,
+            stream,
+            launches: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Kernels launched so far through this value.
+    pub fn launches(&self) -> u64 {
+        self.launches.get()
+    }
+
+    /// Counts a launch made outside [`Ops`]'s kernels (a cuBLAS call).
+    pub fn count_launch(&self) {
+        self.launches.set(self.launches.get() + 1);
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -89,6 +137,7 @@ impl<'a> Ops<'a> {
         args: &mut LaunchArgs<'_>,
         config: LaunchConfig,
     ) -> Result<(), CudaError> {
+        self.count_launch();
         // SAFETY: every caller pushes the arguments of `entry` in order and type (see its
         // `.cu` file) and has checked each buffer's length against the shape the kernel
         // indexes with.
@@ -227,43 +276,43 @@ impl<'a> Ops<'a> {
             u32_of("stride", 2 * inter)?,
             u32_of("tokens", tokens)?,
         );
-        let blocks = (tokens * inter)
-            .div_ceil(ROW_THREADS as usize)
-            .clamp(1, 65_535);
-        let config = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let config = spread(tokens * inter);
         let mut a = self.builder("silu_mul_f32")?;
         a.arg(out).arg(&gate).arg(&up).arg(&i).arg(&stride).arg(&t);
         self.run("silu_mul_f32", &mut a, config)
     }
 
-    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`
-    /// (block × block_size + offset; negative: skipped).
-    pub fn kv_write(
-        &self,
-        k_cache: &mut CudaSlice<u16>,
-        v_cache: &mut CudaSlice<u16>,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        slots: &[i64],
-        kv_width: usize,
-    ) -> Result<(), CudaError> {
-        let tokens = slots.len();
-        check("kv_write k", tokens * kv_width, k.len())?;
-        check("kv_write v", tokens * kv_width, v.len())?;
-        check("kv_write v cache", k_cache.len(), v_cache.len())?;
-        let capacity = k_cache.len() / kv_width.max(1);
-        if let Some(&bad) = slots.iter().find(|&&s| s >= capacity as i64) {
+    /// Cache slots on the device, each checked below `capacity` slots (blocks × block
+    /// size): slot = block × block_size + offset; negative: skipped by [`Ops::kv_write`].
+    pub fn slots(&self, host: &[i64], capacity: usize) -> Result<Slots, CudaError> {
+        if let Some(&bad) = host.iter().find(|&&s| s >= capacity as i64) {
             return Err(CudaError::Shape {
                 what: "kv_write slot (below the cache's slots)",
                 expected: capacity,
                 actual: bad as usize,
             });
         }
-        let slots = self.upload(slots)?;
+        Ok(Slots {
+            slots: self.upload(host)?,
+            capacity,
+        })
+    }
+
+    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`.
+    pub fn kv_write(
+        &self,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        slots: &Slots,
+        kv_width: usize,
+    ) -> Result<(), CudaError> {
+        let tokens = slots.slots.len();
+        check("kv_write k", tokens * kv_width, k.len())?;
+        check("kv_write v", tokens * kv_width, v.len())?;
+        check("kv_write k cache", slots.capacity * kv_width, k_cache.len())?;
+        check("kv_write v cache", k_cache.len(), v_cache.len())?;
         let w = u32_of("kv_width", kv_width)?;
         let config = rows(tokens, ROW_THREADS)?;
         let mut a = self.builder("kv_write_bf16")?;
@@ -271,42 +320,28 @@ impl<'a> Ops<'a> {
             .arg(v_cache)
             .arg(k)
             .arg(v)
-            .arg(&slots)
+            .arg(&slots.slots)
             .arg(&w);
         self.run("kv_write_bf16", &mut a, config)
     }
 
-    /// Paged attention of `queries` query tokens (`q`: queries × q_heads × head_dim):
-    /// query i reads the blocks of sequence `query_seq[i]` (a row of `tables`, each row
-    /// `max_blocks` long) up to position `contexts[i]` (exclusive), split into partitions
-    /// of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
+    /// The block tables and contexts of one batch of attention queries, on the device,
+    /// with the partition scratch for `q_heads` heads: query i reads the blocks of
+    /// sequence `query_seq[i]` (a row of `tables`, each row `max_blocks` long) up to
+    /// position `contexts[i]` (exclusive). Every id is checked below `cache_blocks`.
     #[allow(clippy::too_many_arguments)]
-    pub fn paged_attention(
+    pub fn attention_index(
         &self,
-        out: &mut CudaSlice<f32>,
-        q: &CudaSlice<f32>,
-        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
-        layout: crate::attention::KvLayout,
         tables: &[u32],
         max_blocks: usize,
         query_seq: &[u32],
         contexts: &[u32],
+        layout: crate::attention::KvLayout,
+        cache_blocks: usize,
         q_heads: usize,
-    ) -> Result<(), CudaError> {
-        let (k_cache, v_cache) = cache;
-        let hd = layout.head_dim;
+    ) -> Result<AttentionIndex, CudaError> {
         let queries = query_seq.len();
         check("attention contexts", queries, contexts.len())?;
-        check("attention q", queries * q_heads * hd, q.len())?;
-        check("attention out", q.len(), out.len())?;
-        check("attention v cache", k_cache.len(), v_cache.len())?;
-        if hd > MAX_HEAD_DIM || layout.kv_heads == 0 || !q_heads.is_multiple_of(layout.kv_heads) {
-            return Err(CudaError::Shape {
-                what: "attention head_dim (at most 256) and heads (a multiple of kv heads)",
-                expected: MAX_HEAD_DIM,
-                actual: hd,
-            });
-        }
         if max_blocks == 0 || !tables.len().is_multiple_of(max_blocks) {
             return Err(CudaError::Shape {
                 what: "attention tables (a multiple of max_blocks)",
@@ -314,11 +349,10 @@ impl<'a> Ops<'a> {
                 actual: tables.len(),
             });
         }
-        let blocks = k_cache.len() / layout.block_len().max(1);
-        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= blocks) {
+        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= cache_blocks) {
             return Err(CudaError::Shape {
                 what: "attention block id (below the cache's blocks)",
-                expected: blocks,
+                expected: cache_blocks,
                 actual: bad as usize,
             });
         }
@@ -341,43 +375,92 @@ impl<'a> Ops<'a> {
         }
         let partitions = longest.div_ceil(ATTENTION_PART).max(1);
         let parts = queries * q_heads * partitions;
-        let mut part_out = self.alloc::<f32>(parts * hd)?;
-        let mut part_max = self.alloc::<f32>(parts)?;
-        let mut part_sum = self.alloc::<f32>(parts)?;
-        let (tables, query_seq, contexts) = (
-            self.upload(tables)?,
-            self.upload(query_seq)?,
-            self.upload(contexts)?,
-        );
+        Ok(AttentionIndex {
+            tables: self.upload(tables)?,
+            query_seq: self.upload(query_seq)?,
+            contexts: self.upload(contexts)?,
+            max_blocks,
+            cache_blocks,
+            q_heads,
+            partitions,
+            part_out: self.alloc(parts * layout.head_dim)?,
+            part_max: self.alloc(parts)?,
+            part_sum: self.alloc(parts)?,
+        })
+    }
+
+    /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim), split
+    /// into partitions of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
+    pub fn paged_attention(
+        &self,
+        out: &mut CudaSlice<f32>,
+        q: &CudaSlice<f32>,
+        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        layout: crate::attention::KvLayout,
+        index: &mut AttentionIndex,
+    ) -> Result<(), CudaError> {
+        let (k_cache, v_cache) = cache;
+        let hd = layout.head_dim;
+        let q_heads = index.q_heads;
+        let queries = index.query_seq.len();
+        check("attention q", queries * q_heads * hd, q.len())?;
+        check("attention out", q.len(), out.len())?;
+        check(
+            "attention k cache",
+            index.cache_blocks * layout.block_len(),
+            k_cache.len(),
+        )?;
+        check("attention v cache", k_cache.len(), v_cache.len())?;
+        check(
+            "attention scratch",
+            queries * q_heads * index.partitions * hd,
+            index.part_out.len(),
+        )?;
+        if hd > MAX_HEAD_DIM || layout.kv_heads == 0 || !q_heads.is_multiple_of(layout.kv_heads) {
+            return Err(CudaError::Shape {
+                what: "attention head_dim (at most 256) and heads (a multiple of kv heads)",
+                expected: MAX_HEAD_DIM,
+                actual: hd,
+            });
+        }
         let dims = [
-            u32_of("max_blocks", max_blocks)?,
+            u32_of("max_blocks", index.max_blocks)?,
             u32_of("block_size", layout.block_size)?,
             u32_of("q_heads", q_heads)?,
             u32_of("kv_heads", layout.kv_heads)?,
             u32_of("head_dim", hd)?,
-            u32_of("partitions", partitions)?,
+            u32_of("partitions", index.partitions)?,
         ];
         let scale = 1.0 / (hd as f32).sqrt();
         let grid = (
             dims[2],
             grid_yz("attention queries (grid y)", queries)?,
-            grid_yz("attention partitions (grid z)", partitions)?,
+            grid_yz("attention partitions (grid z)", index.partitions)?,
         );
         let config = LaunchConfig {
             grid_dim: grid,
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
+        let AttentionIndex {
+            tables,
+            query_seq,
+            contexts,
+            part_out,
+            part_max,
+            part_sum,
+            ..
+        } = index;
         let mut a = self.builder("paged_attention_partition")?;
-        a.arg(&mut part_out)
-            .arg(&mut part_max)
-            .arg(&mut part_sum)
+        a.arg(&mut *part_out)
+            .arg(&mut *part_max)
+            .arg(&mut *part_sum)
             .arg(q)
             .arg(k_cache)
             .arg(v_cache)
-            .arg(&tables)
-            .arg(&query_seq)
-            .arg(&contexts);
+            .arg(&*tables)
+            .arg(&*query_seq)
+            .arg(&*contexts);
         for d in &dims {
             a.arg(d);
         }
@@ -390,14 +473,47 @@ impl<'a> Ops<'a> {
         };
         let mut a = self.builder("paged_attention_reduce")?;
         a.arg(out)
-            .arg(&part_out)
-            .arg(&part_max)
-            .arg(&part_sum)
-            .arg(&contexts)
+            .arg(&*part_out)
+            .arg(&*part_max)
+            .arg(&*part_sum)
+            .arg(&*contexts)
             .arg(&dims[2])
             .arg(&dims[4])
             .arg(&dims[5]);
         self.run("paged_attention_reduce", &mut a, config)
+    }
+
+    /// `out[i] = bf16(x[i])` (round to nearest even): a GEMM's input.
+    pub fn round_bf16(
+        &self,
+        out: &mut CudaSlice<u16>,
+        x: &CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        check("round_bf16 out", x.len(), out.len())?;
+        let n = u32_of("round_bf16 values", x.len())?;
+        let config = spread(x.len());
+        let mut a = self.builder("round_bf16")?;
+        a.arg(out).arg(x).arg(&n);
+        self.run("round_bf16", &mut a, config)
+    }
+
+    /// `y[t] += bias` for every row of `bias.len()` values.
+    pub fn add_bias(&self, y: &mut CudaSlice<f32>, bias: &CudaSlice<f32>) -> Result<(), CudaError> {
+        if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
+            return Err(CudaError::Shape {
+                what: "add_bias y (a multiple of the bias)",
+                expected: bias.len(),
+                actual: y.len(),
+            });
+        }
+        let (cols, n) = (
+            u32_of("bias", bias.len())?,
+            u32_of("add_bias values", y.len())?,
+        );
+        let config = spread(y.len());
+        let mut a = self.builder("add_bias_f32")?;
+        a.arg(y).arg(bias).arg(&cols).arg(&n);
+        self.run("add_bias_f32", &mut a, config)
     }
 
     /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for GGML-quantized `w` (`rows` rows of `cols`):
@@ -506,6 +622,44 @@ impl<'a> Ops<'a> {
         self.stream
             .alloc_zeros(n)
             .map_err(|e| self.driver_error("allocating", e))
+    }
+
+    /// Copies `host` into `dev` (the same length).
+    pub fn copy_to_device<T: cudarc::driver::DeviceRepr>(
+        &self,
+        host: &[T],
+        dev: &mut CudaSlice<T>,
+    ) -> Result<(), CudaError> {
+        check("host to device copy", dev.len(), host.len())?;
+        self.stream
+            .memcpy_htod(host, dev)
+            .map_err(|e| self.driver_error("copying to the device", e))
+    }
+
+    /// `out[i] = src[rows[i]]` for rows of `width` values, device to device.
+    pub fn gather_rows(
+        &self,
+        out: &mut CudaSlice<f32>,
+        src: &CudaSlice<f32>,
+        rows: &[usize],
+        width: usize,
+    ) -> Result<(), CudaError> {
+        check("gathered rows", rows.len() * width, out.len())?;
+        for (i, &r) in rows.iter().enumerate() {
+            if (r + 1) * width > src.len() {
+                return Err(CudaError::Shape {
+                    what: "gathered row (inside the source)",
+                    expected: src.len() / width.max(1),
+                    actual: r,
+                });
+            }
+            let from = src.slice(r * width..(r + 1) * width);
+            let mut to = out.slice_mut(i * width..(i + 1) * width);
+            self.stream
+                .memcpy_dtod(&from, &mut to)
+                .map_err(|e| self.driver_error("copying rows", e))?;
+        }
+        Ok(())
     }
 
     /// A copy of `dev` on the host (waits for the stream).

@@ -35,6 +35,7 @@ pub const FAMILIES: &[KernelFamily] = &[
     family!("rmsnorm.cu", ["rmsnorm_residual_f32"]),
     family!("rope.cu", ["rope_f32"]),
     family!("activation.cu", ["silu_mul_f32"]),
+    family!("linear.cu", ["round_bf16", "add_bias_f32"]),
     family!("kv_write.cu", ["kv_write_bf16"]),
     family!(
         "attention.cu",

@@ -1,0 +1,109 @@
+//! A batch of sequence chunks as the device kernels index it: one row per token for the
+//! embedding, RoPE and the KV write, one block-table row per sequence for attention.
+//! Pure host arithmetic, tested without a GPU.
+
+use crate::kv_cache::SeqChunk;
+
+/// The index arrays of one forward pass.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct BatchIndex {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) positions: Vec<u32>,
+    /// Cache slot of each token: block × block_size + offset.
+    pub(crate) slots: Vec<i64>,
+    /// One row of `max_blocks` block ids per chunk (zero-padded).
+    pub(crate) tables: Vec<u32>,
+    pub(crate) max_blocks: usize,
+    /// The chunk (table row) of each token.
+    pub(crate) query_seq: Vec<u32>,
+    /// Positions each token attends to: causal, its position + 1.
+    pub(crate) contexts: Vec<u32>,
+    /// Tokens whose logits are wanted, in batch order.
+    pub(crate) wanted: Vec<usize>,
+}
+
+impl BatchIndex {
+    /// The index of `batch`, whose chunks were checked (tokens in the vocabulary, block
+    /// tables covering their positions).
+    pub(crate) fn new(batch: &[SeqChunk<'_>], block_size: usize) -> BatchIndex {
+        let blocks_of = |c: &SeqChunk<'_>| (c.start + c.tokens.len()).div_ceil(block_size);
+        let max_blocks = batch.iter().map(blocks_of).max().unwrap_or(0).max(1);
+        let mut ix = BatchIndex {
+            max_blocks,
+            tables: vec![0; batch.len() * max_blocks],
+            ..BatchIndex::default()
+        };
+        for (row, chunk) in batch.iter().enumerate() {
+            let used = blocks_of(chunk);
+            ix.tables[row * max_blocks..row * max_blocks + used]
+                .copy_from_slice(&chunk.block_table[..used]);
+            for (i, &token) in chunk.tokens.iter().enumerate() {
+                let pos = chunk.start + i;
+                let block = i64::from(chunk.block_table[pos / block_size]);
+                ix.tokens.push(token);
+                ix.positions.push(pos as u32);
+                ix.slots
+                    .push(block * block_size as i64 + (pos % block_size) as i64);
+                ix.query_seq.push(row as u32);
+                ix.contexts.push(pos as u32 + 1);
+            }
+            if chunk.logits && !chunk.tokens.is_empty() {
+                ix.wanted.push(ix.tokens.len() - 1);
+            }
+        }
+        ix
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_chunk_and_a_decode_token_index_their_own_blocks() {
+        // Sequence A: positions 3..6 of blocks [7, 2] (block size 4); sequence B: one
+        // decode token at position 9 of blocks [5, 0, 8].
+        let a = [11, 12, 13];
+        let b = [21];
+        let batch = [
+            SeqChunk {
+                tokens: &a,
+                start: 3,
+                block_table: &[7, 2, 99],
+                logits: true,
+            },
+            SeqChunk {
+                tokens: &b,
+                start: 9,
+                block_table: &[5, 0, 8],
+                logits: true,
+            },
+        ];
+        let ix = BatchIndex::new(&batch, 4);
+        assert_eq!(ix.tokens, [11, 12, 13, 21]);
+        assert_eq!(ix.positions, [3, 4, 5, 9]);
+        // Position 3 is offset 3 of block 7; 4 and 5 are offsets 0, 1 of block 2; 9 is
+        // offset 1 of block 8.
+        assert_eq!(ix.slots, [31, 8, 9, 33]);
+        assert_eq!(ix.max_blocks, 3);
+        // A's table stops at the blocks its positions use (the third entry is unused).
+        assert_eq!(ix.tables, [7, 2, 0, 5, 0, 8]);
+        assert_eq!(ix.query_seq, [0, 0, 0, 1]);
+        assert_eq!(ix.contexts, [4, 5, 6, 10]);
+        assert_eq!(ix.wanted, [2, 3]);
+    }
+
+    #[test]
+    fn only_chunks_that_ask_for_logits_are_wanted() {
+        let a = [1, 2];
+        let batch = [SeqChunk {
+            tokens: &a,
+            start: 0,
+            block_table: &[0],
+            logits: false,
+        }];
+        let ix = BatchIndex::new(&batch, 16);
+        assert!(ix.wanted.is_empty());
+        assert_eq!(ix.slots, [0, 1]);
+    }
+}

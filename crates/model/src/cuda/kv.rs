@@ -1,0 +1,142 @@
+//! A rank's paged KV cache in device memory (bf16, the layout of `attention.cu`:
+//! `[blocks][block_size][kv_heads][head_dim]` per layer), and the activations of one pass,
+//! kept between passes of the same token count so that a decode step allocates nothing.
+
+use tessera_kernels::attention::KvLayout;
+use tessera_kernels::cuda::{CudaSlice, Ops};
+
+use crate::error::ModelError;
+use crate::kv_cache::blocks_for_budget;
+
+/// Bytes per cached value (bf16).
+pub const DEVICE_KV_VALUE_BYTES: usize = 2;
+
+/// K and V pools of every layer, on the device.
+#[derive(Debug)]
+pub struct DeviceKv {
+    layout: KvLayout,
+    num_blocks: usize,
+    pub(crate) k: Vec<CudaSlice<u16>>,
+    pub(crate) v: Vec<CudaSlice<u16>>,
+    pub(crate) scratch: Option<Box<Scratch>>,
+    /// Kernel launches of the last pass (cuBLAS calls counted one each).
+    pub(crate) last_launches: u64,
+}
+
+impl DeviceKv {
+    /// A cache of as many blocks as `budget_bytes` holds for `layers` layers; refused when
+    /// the budget is not free on the device (`free_bytes`) or holds no block.
+    pub(crate) fn new(
+        ops: &Ops<'_>,
+        layout: KvLayout,
+        layers: usize,
+        budget_bytes: usize,
+        free_bytes: usize,
+    ) -> Result<DeviceKv, ModelError> {
+        let num_blocks = blocks_for_budget(layout, layers, budget_bytes, DEVICE_KV_VALUE_BYTES);
+        let pool = num_blocks * layout.block_len();
+        let bytes = 2 * layers * pool * DEVICE_KV_VALUE_BYTES;
+        if num_blocks == 0 {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "a KV budget of {budget_bytes} bytes holds no block of {} positions \
+                     ({} bytes over {layers} layers)",
+                    layout.block_size,
+                    2 * layers * layout.block_len() * DEVICE_KV_VALUE_BYTES
+                ),
+            });
+        }
+        if bytes > free_bytes {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "the KV budget needs {bytes} bytes of device memory; {free_bytes} are free \
+                     after the weights (lower kv_memory in the topology)"
+                ),
+            });
+        }
+        let mut k = Vec::with_capacity(layers);
+        let mut v = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            k.push(ops.alloc::<u16>(pool)?);
+            v.push(ops.alloc::<u16>(pool)?);
+        }
+        Ok(DeviceKv {
+            layout,
+            num_blocks,
+            k,
+            v,
+            scratch: None,
+            last_launches: 0,
+        })
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Kernel launches of the last forward pass.
+    pub fn last_launches(&self) -> u64 {
+        self.last_launches
+    }
+}
+
+/// Widths of one pass's activations, per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Widths {
+    pub(crate) hidden: usize,
+    pub(crate) q: usize,
+    pub(crate) kv: usize,
+    /// This rank's MLP rows.
+    pub(crate) inter: usize,
+}
+
+/// The activations of a pass over `tokens` tokens.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    pub(crate) tokens: usize,
+    pub(crate) widths: Widths,
+    /// The residual stream.
+    pub(crate) x: CudaSlice<f32>,
+    /// Normalized x, and its bf16 rounding.
+    pub(crate) h: CudaSlice<f32>,
+    pub(crate) h16: CudaSlice<u16>,
+    pub(crate) q: CudaSlice<f32>,
+    pub(crate) k: CudaSlice<f32>,
+    pub(crate) v: CudaSlice<f32>,
+    pub(crate) attn: CudaSlice<f32>,
+    pub(crate) attn16: CudaSlice<u16>,
+    /// The row-parallel outputs (o_proj, then down_proj), summed over the group.
+    pub(crate) o: CudaSlice<f32>,
+    pub(crate) gate_up: CudaSlice<f32>,
+    pub(crate) act: CudaSlice<f32>,
+    pub(crate) act16: CudaSlice<u16>,
+    pub(crate) ids: CudaSlice<u32>,
+    pub(crate) positions: CudaSlice<u32>,
+}
+
+impl Scratch {
+    pub(crate) fn new(ops: &Ops<'_>, tokens: usize, w: Widths) -> Result<Scratch, ModelError> {
+        Ok(Scratch {
+            tokens,
+            widths: w,
+            x: ops.alloc(tokens * w.hidden)?,
+            h: ops.alloc(tokens * w.hidden)?,
+            h16: ops.alloc(tokens * w.hidden)?,
+            q: ops.alloc(tokens * w.q)?,
+            k: ops.alloc(tokens * w.kv)?,
+            v: ops.alloc(tokens * w.kv)?,
+            attn: ops.alloc(tokens * w.q)?,
+            attn16: ops.alloc(tokens * w.q)?,
+            o: ops.alloc(tokens * w.hidden)?,
+            gate_up: ops.alloc(tokens * 2 * w.inter)?,
+            act: ops.alloc(tokens * w.inter)?,
+            act16: ops.alloc(tokens * w.inter)?,
+            ids: ops.alloc(tokens)?,
+            positions: ops.alloc(tokens)?,
+        })
+    }
+}

@@ -1,0 +1,404 @@
+//! The Llama-family forward pass on one CUDA device: [`CudaLlama`] holds one rank's slice
+//! of the weights in device memory (uploaded from a loaded [`Llama`]) and runs a batch
+//! through every layer on one stream, with the KV cache in device memory ([`DeviceKv`]).
+//!
+//! The graph is [`Llama::forward_batch`]'s, kernel for kernel: embedding gather, fused
+//! residual + RMSNorm, q/k/v projections, RoPE, KV write, paged attention, o_proj, the
+//! fused gate|up projection, SiLU·mul, down_proj. Projections run as bf16 GEMMs on cuBLAS
+//! (f32 sums), or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
+//! residual stream are f32; the KV cache is bf16.
+//!
+//! Between ranks, the all-reduces and the logits' all-gather go through the group's
+//! [`Collective`] on host memory (device → host → ring → device): the CPU collective
+//! between GPU shards, which lets tp > 1 run on one GPU.
+
+mod batch;
+mod kv;
+mod weights;
+
+use std::sync::Arc;
+
+use tessera_comm::Collective;
+use tessera_kernels::attention::KvLayout;
+use tessera_kernels::cuda::{Blas, CudaDevice, CudaSlice, CudaStream, Ops};
+use tessera_kernels::rope::RopePairing;
+use tracing::info;
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
+use crate::llama::{Linear, Llama, Sharding, check_chunk};
+use batch::BatchIndex;
+pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
+use kv::{Scratch, Widths};
+use weights::{DeviceLinear, Input};
+
+/// One decoder block on the device.
+#[derive(Debug)]
+struct DeviceLayer {
+    attn_norm: CudaSlice<f32>,
+    q: DeviceLinear,
+    k: DeviceLinear,
+    v: DeviceLinear,
+    o: DeviceLinear,
+    ffn_norm: CudaSlice<f32>,
+    /// gate_proj and up_proj stacked: each token's output is its gate rows, then its up rows.
+    gate_up: DeviceLinear,
+    down: DeviceLinear,
+}
+
+/// One rank's slice of a Llama-family model on a CUDA device.
+pub struct CudaLlama {
+    device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    blas: Blas,
+    config: ModelConfig,
+    sharding: Sharding,
+    /// This rank's query and KV heads.
+    heads: usize,
+    kv_heads: usize,
+    /// This rank's vocabulary rows of the embedding, bf16 (the gather kernel's table).
+    embed: DeviceLinear,
+    layers: Vec<DeviceLayer>,
+    final_norm: CudaSlice<f32>,
+    /// `None` when tied to the embedding.
+    lm_head: Option<DeviceLinear>,
+    inv_freq: CudaSlice<f32>,
+    pairing: u32,
+    device_bytes: usize,
+}
+
+impl std::fmt::Debug for CudaLlama {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaLlama")
+            .field("device", &self.device)
+            .field("rank", &self.sharding.plan.rank)
+            .field("tp", &self.sharding.tp)
+            .field("layers", &self.layers.len())
+            .field("device_bytes", &self.device_bytes)
+            .finish()
+    }
+}
+
+/// A weight with no bias, as a projection.
+fn bare(weight: &crate::weights::Weight) -> Linear {
+    Linear {
+        weight: weight.clone(),
+        bias: None,
+    }
+}
+
+impl CudaLlama {
+    /// Uploads `llama`'s slice to `device`, layer by layer, calling `progress` with the
+    /// layers done; the host copy can be dropped afterwards.
+    pub fn upload(
+        llama: &Llama,
+        device: Arc<CudaDevice>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<CudaLlama, ModelError> {
+        let stream = device.context().new_stream().map_err(|e| {
+            tessera_kernels::cuda::CudaError::Device {
+                ordinal: device.ordinal(),
+                message: format!("creating a stream: {e}"),
+            }
+        })?;
+        let blas = Blas::new(device.ordinal(), Arc::clone(&stream))?;
+        let ops = Ops::new(&device, Arc::clone(&stream));
+        let mut layers = Vec::with_capacity(llama.layers.len());
+        for (l, layer) in llama.layers.iter().enumerate() {
+            layers.push(DeviceLayer {
+                attn_norm: ops.upload(&layer.attn_norm)?,
+                q: DeviceLinear::upload(&ops, &[&layer.q], true)?,
+                k: DeviceLinear::upload(&ops, &[&layer.k], true)?,
+                v: DeviceLinear::upload(&ops, &[&layer.v], true)?,
+                o: DeviceLinear::upload(&ops, &[&layer.o], true)?,
+                ffn_norm: ops.upload(&layer.ffn_norm)?,
+                gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], true)?,
+                down: DeviceLinear::upload(&ops, &[&layer.down], true)?,
+            });
+            progress(l + 1, llama.layers.len());
+        }
+        let embed = DeviceLinear::upload(&ops, &[&bare(&llama.embed)], false)?;
+        let lm_head = match &llama.lm_head {
+            Some(w) => Some(DeviceLinear::upload(&ops, &[&bare(w)], true)?),
+            None => None,
+        };
+        let c = &llama.config;
+        let plan = &llama.sharding.plan;
+        let pairing = match c.rope.pairing {
+            RopePairing::Halves => 0,
+            RopePairing::Interleaved => 1,
+        };
+        let mut model = CudaLlama {
+            blas,
+            config: c.clone(),
+            sharding: llama.sharding.clone(),
+            heads: plan.heads.len(),
+            kv_heads: plan.kv_heads.len(),
+            embed,
+            final_norm: ops.upload(&llama.final_norm)?,
+            lm_head,
+            inv_freq: ops.upload(llama.rope.inv_freq())?,
+            pairing,
+            layers,
+            device_bytes: 0,
+            stream: Arc::clone(&stream),
+            device: Arc::clone(&device),
+        };
+        stream
+            .synchronize()
+            .map_err(|e| tessera_kernels::cuda::CudaError::Device {
+                ordinal: device.ordinal(),
+                message: format!("uploading the weights: {e}"),
+            })?;
+        model.device_bytes = model.count_device_bytes();
+        info!(
+            device = %device.name(),
+            rank = %plan.rank,
+            device_bytes = model.device_bytes,
+            "model slice on the device"
+        );
+        Ok(model)
+    }
+
+    fn count_device_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                4 * (l.attn_norm.len() + l.ffn_norm.len())
+                    + [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]
+                        .iter()
+                        .map(|p| p.device_bytes())
+                        .sum::<usize>()
+            })
+            .sum();
+        layers
+            + self.embed.device_bytes()
+            + self.lm_head.as_ref().map_or(0, DeviceLinear::device_bytes)
+            + 4 * (self.final_norm.len() + self.inv_freq.len())
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Bytes of weights in device memory.
+    pub fn device_bytes(&self) -> usize {
+        self.device_bytes
+    }
+
+    /// Bytes one decode step reads from device memory for its weights: every projection,
+    /// norm and the LM head (the embedding gather reads only the batch's rows).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let lm_head = self.lm_head.as_ref().map_or(0, DeviceLinear::device_bytes);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).device_bytes();
+        self.device_bytes - self.embed.device_bytes() - lm_head + head
+    }
+
+    /// This rank's KV layout: its own KV heads, [`DEFAULT_BLOCK_SIZE`] positions a block.
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout {
+            block_size: DEFAULT_BLOCK_SIZE,
+            kv_heads: self.kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// A KV cache of as many blocks as `budget_bytes` holds (bf16), in device memory.
+    pub fn new_cache(&self, budget_bytes: usize) -> Result<DeviceKv, ModelError> {
+        let ops = self.ops();
+        DeviceKv::new(
+            &ops,
+            self.kv_layout(),
+            self.config.num_hidden_layers,
+            budget_bytes,
+            self.device.free_memory()?,
+        )
+    }
+
+    fn ops(&self) -> Ops<'_> {
+        Ops::new(&self.device, Arc::clone(&self.stream))
+    }
+
+    /// [`Llama::forward_batch`] on the device: the same batch, the same collective calls
+    /// in the same order, the logits of every chunk that asks for them.
+    pub fn forward_batch(
+        &self,
+        batch: &[SeqChunk<'_>],
+        kv: &mut DeviceKv,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        self.sharding.check_collective(comm)?;
+        let layout = kv.layout();
+        for chunk in batch {
+            check_chunk(c.vocab_size, chunk, (layout.block_size, kv.num_blocks()))?;
+        }
+        let ix = BatchIndex::new(batch, layout.block_size);
+        let n = ix.tokens.len();
+        if n == 0 {
+            return Err(ModelError::InvalidRequest {
+                message: "no tokens to run".into(),
+            });
+        }
+        let ops = self.ops();
+        let widths = Widths {
+            hidden: c.hidden_size,
+            q: self.heads * c.head_dim,
+            kv: self.kv_heads * c.head_dim,
+            inter: self.sharding.plan.mlp_rows.len(),
+        };
+        let mut s = match kv.scratch.take() {
+            Some(s) if s.tokens == n && s.widths == widths => s,
+            _ => Box::new(Scratch::new(&ops, n, widths)?),
+        };
+        let result = self.run_layers(&ops, &ix, &mut s, kv, comm);
+        kv.scratch = Some(s);
+        kv.last_launches = ops.launches();
+        let normed = result?;
+        let logits = self.logits(&ops, &normed, ix.wanted.len())?;
+        self.sharding.gather_logits(&logits, ix.wanted.len(), comm)
+    }
+
+    /// Every layer over the batch; returns the final-normed rows of the wanted tokens.
+    fn run_layers(
+        &self,
+        ops: &Ops<'_>,
+        ix: &BatchIndex,
+        s: &mut Scratch,
+        kv: &mut DeviceKv,
+        comm: &mut dyn Collective,
+    ) -> Result<Option<CudaSlice<f32>>, ModelError> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps;
+        let layout = kv.layout();
+        ops.copy_to_device(&ix.tokens, &mut s.ids)?;
+        ops.copy_to_device(&ix.positions, &mut s.positions)?;
+        let slots = ops.slots(&ix.slots, kv.num_blocks() * layout.block_size)?;
+        let mut index = ops.attention_index(
+            &ix.tables,
+            ix.max_blocks,
+            &ix.query_seq,
+            &ix.contexts,
+            layout,
+            kv.num_blocks(),
+            self.heads,
+        )?;
+        let table = self
+            .embed
+            .table()
+            .expect("the embedding is uploaded as bf16");
+        let vocab_start = self.sharding.plan.vocab_rows.start as u32;
+        ops.embedding(&mut s.x, table, &s.ids, c.hidden_size, vocab_start)?;
+        self.all_reduce(ops, &mut s.x, comm)?;
+        // The last row-parallel output (in `s.o`) not yet added to the residual stream.
+        let mut pending = false;
+        for (l, layer) in self.layers.iter().enumerate() {
+            ops.rmsnorm_residual(
+                &mut s.h,
+                &mut s.x,
+                pending.then_some(&s.o),
+                &layer.attn_norm,
+                eps,
+            )?;
+            ops.round_bf16(&mut s.h16, &s.h)?;
+            let h = Input {
+                f32: &s.h,
+                bf16: &s.h16,
+            };
+            layer.q.apply(ops, &self.blas, &h, &mut s.q)?;
+            layer.k.apply(ops, &self.blas, &h, &mut s.k)?;
+            layer.v.apply(ops, &self.blas, &h, &mut s.v)?;
+            ops.rope(
+                &mut s.q,
+                &mut s.k,
+                &s.positions,
+                &self.inv_freq,
+                self.heads,
+                self.kv_heads,
+                self.pairing,
+            )?;
+            ops.kv_write(&mut kv.k[l], &mut kv.v[l], &s.k, &s.v, &slots, s.widths.kv)?;
+            ops.paged_attention(&mut s.attn, &s.q, (&kv.k[l], &kv.v[l]), layout, &mut index)?;
+            ops.round_bf16(&mut s.attn16, &s.attn)?;
+            let attn = Input {
+                f32: &s.attn,
+                bf16: &s.attn16,
+            };
+            layer.o.apply(ops, &self.blas, &attn, &mut s.o)?;
+            self.all_reduce(ops, &mut s.o, comm)?;
+            ops.rmsnorm_residual(&mut s.h, &mut s.x, Some(&s.o), &layer.ffn_norm, eps)?;
+            ops.round_bf16(&mut s.h16, &s.h)?;
+            let h = Input {
+                f32: &s.h,
+                bf16: &s.h16,
+            };
+            layer.gate_up.apply(ops, &self.blas, &h, &mut s.gate_up)?;
+            ops.silu_mul(&mut s.act, &s.gate_up, s.widths.inter)?;
+            ops.round_bf16(&mut s.act16, &s.act)?;
+            let act = Input {
+                f32: &s.act,
+                bf16: &s.act16,
+            };
+            layer.down.apply(ops, &self.blas, &act, &mut s.o)?;
+            self.all_reduce(ops, &mut s.o, comm)?;
+            pending = true;
+        }
+        ops.rmsnorm_residual(
+            &mut s.h,
+            &mut s.x,
+            pending.then_some(&s.o),
+            &self.final_norm,
+            eps,
+        )?;
+        if ix.wanted.is_empty() {
+            return Ok(None);
+        }
+        let mut normed = ops.alloc::<f32>(ix.wanted.len() * c.hidden_size)?;
+        ops.gather_rows(&mut normed, &s.h, &ix.wanted, c.hidden_size)?;
+        Ok(Some(normed))
+    }
+
+    /// This rank's vocabulary rows of the logits of the `n` normed rows, on the host.
+    fn logits(
+        &self,
+        ops: &Ops<'_>,
+        normed: &Option<CudaSlice<f32>>,
+        n: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let Some(normed) = normed else {
+            return Ok(Vec::new());
+        };
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut normed16 = ops.alloc::<u16>(normed.len())?;
+        ops.round_bf16(&mut normed16, normed)?;
+        let mut rows = ops.alloc::<f32>(n * head.rows)?;
+        let input = Input {
+            f32: normed,
+            bf16: &normed16,
+        };
+        head.apply(ops, &self.blas, &input, &mut rows)?;
+        Ok(ops.download(&rows)?)
+    }
+
+    /// Sums `buf` over the group through the host (nothing to do for tp = 1).
+    fn all_reduce(
+        &self,
+        ops: &Ops<'_>,
+        buf: &mut CudaSlice<f32>,
+        comm: &mut dyn Collective,
+    ) -> Result<(), ModelError> {
+        if comm.world_size() == 1 {
+            return Ok(());
+        }
+        let mut host = ops.download(buf)?;
+        comm.all_reduce_sum(&mut host)?;
+        ops.copy_to_device(&host, buf)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! A rank's weights on the device. Q8_0 and Q4_K projections stay quantized and run
+//! through the dequantizing matvec kernels; every other type is converted to bf16 once,
+//! at upload, and runs through cuBLAS. Norms and biases are f32.
+
+use rayon::prelude::*;
+use tessera_kernels::DType;
+use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, Ops};
+
+use crate::error::ModelError;
+use crate::llama::Linear;
+use crate::weights::Weight;
+
+/// The rows of `w` as bf16 bits (dequantized, then rounded to nearest even).
+pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
+    let m = w.mat();
+    let mut out = vec![0u16; w.rows * w.cols];
+    out.par_chunks_mut(w.cols.max(1))
+        .enumerate()
+        .try_for_each_init(
+            || vec![0.0f32; w.cols],
+            |row, (r, dst)| {
+                m.dequantize_row(r, row)?;
+                for (d, &x) in dst.iter_mut().zip(row.iter()) {
+                    *d = half::bf16::from_f32(x).to_bits();
+                }
+                Ok::<(), ModelError>(())
+            },
+        )?;
+    Ok(out)
+}
+
+/// Whether the device keeps weights of `dtype` as stored (a matvec kernel reads them).
+fn stays_quantized(dtype: DType) -> bool {
+    matches!(dtype, DType::Q8_0 | DType::Q4K)
+}
+
+/// A weight matrix on the device.
+#[derive(Debug)]
+enum Matrix {
+    Bf16(CudaSlice<u16>),
+    Quantized { bytes: CudaSlice<u8>, dtype: DType },
+}
+
+/// A projection on the device: `rows × cols`, with an optional f32 bias.
+#[derive(Debug)]
+pub(crate) struct DeviceLinear {
+    matrix: Matrix,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    bias: Option<CudaSlice<f32>>,
+}
+
+/// The input of a projection: f32 activations and their bf16 rounding (computed once per
+/// input and shared by every projection that reads it).
+pub(crate) struct Input<'a> {
+    pub(crate) f32: &'a CudaSlice<f32>,
+    pub(crate) bf16: &'a CudaSlice<u16>,
+}
+
+impl DeviceLinear {
+    /// Uploads `parts` stacked row-wise as one projection (gate and up fused: each token's
+    /// output is every part's rows in turn). Parts of one quantized type stay quantized
+    /// if `keep_quantized` (a matvec kernel reads them); all else becomes bf16.
+    pub(crate) fn upload(
+        ops: &Ops<'_>,
+        parts: &[&Linear],
+        keep_quantized: bool,
+    ) -> Result<DeviceLinear, ModelError> {
+        let first = &parts[0].weight;
+        let cols = first.cols;
+        let rows = parts.iter().map(|p| p.weight.rows).sum();
+        if parts.iter().any(|p| p.weight.cols != cols) {
+            return Err(ModelError::Plan {
+                message: format!("{}: fused projections of different widths", first.name),
+            });
+        }
+        let same_type = parts.iter().all(|p| p.weight.dtype == first.dtype);
+        let matrix = if keep_quantized && same_type && stays_quantized(first.dtype) {
+            let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.weight.bytes().len()).sum());
+            for p in parts {
+                bytes.extend_from_slice(p.weight.bytes());
+            }
+            Matrix::Quantized {
+                bytes: ops.upload(&bytes)?,
+                dtype: first.dtype,
+            }
+        } else {
+            let mut bits = Vec::with_capacity(rows * cols);
+            for p in parts {
+                bits.extend(bf16_bits(&p.weight)?);
+            }
+            Matrix::Bf16(ops.upload(&bits)?)
+        };
+        let bias = if parts.iter().any(|p| p.bias.is_some()) {
+            let mut all = Vec::with_capacity(rows);
+            for p in parts {
+                match &p.bias {
+                    Some(b) => all.extend_from_slice(b),
+                    None => all.extend(std::iter::repeat_n(0.0, p.weight.rows)),
+                }
+            }
+            Some(ops.upload(&all)?)
+        } else {
+            None
+        };
+        Ok(DeviceLinear {
+            matrix,
+            rows,
+            cols,
+            bias,
+        })
+    }
+
+    /// The bf16 table of a bf16 projection.
+    pub(crate) fn table(&self) -> Option<&CudaSlice<u16>> {
+        match &self.matrix {
+            Matrix::Bf16(t) => Some(t),
+            Matrix::Quantized { .. } => None,
+        }
+    }
+
+    /// Bytes of weights on the device (what one pass reads).
+    pub(crate) fn device_bytes(&self) -> usize {
+        let bias = self.bias.as_ref().map_or(0, |b| b.len() * 4);
+        bias + match &self.matrix {
+            Matrix::Bf16(t) => t.len() * 2,
+            Matrix::Quantized { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// `y = W·x (+ bias)` for every token of `x`.
+    pub(crate) fn apply(
+        &self,
+        ops: &Ops<'_>,
+        blas: &Blas,
+        x: &Input<'_>,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        match &self.matrix {
+            Matrix::Bf16(w) => blas.gemm_bf16(ops, y, w, x.bf16, (self.rows, self.cols))?,
+            Matrix::Quantized { bytes, dtype } => {
+                ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)?
+            }
+        }
+        if let Some(bias) = &self.bias {
+            ops.add_bias(y, bias)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! The model on a CUDA device against the CPU path (`scripts/gpu-check.sh` runs this).
+//! Without a CUDA driver every test says so and passes, unless `TESSERA_REQUIRE_GPU=1`.
+//!
+//! Tolerances: the device runs projections as bf16 GEMMs (bf16 weights and activations,
+//! f32 sums) and keeps the KV cache in bf16, where the CPU path is f32 throughout, so
+//! logits agree to a few percent of their range (3% written here), and the greedy token
+//! agrees wherever the CPU's top two logits are further apart than that.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use tessera_comm::collective::CollectiveConfig;
+use tessera_comm::collective::local::LocalGroup;
+use tessera_comm::{Collective, Solo};
+use tessera_kernels::cuda::device::driver_present;
+use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_model::cuda::{CudaLlama, DeviceKv};
+use tessera_model::kv_cache::{KvCache, SeqCache, SeqChunk};
+use tessera_model::llama::Llama;
+use tessera_model::loader;
+use tessera_topology::plan_group;
+
+/// Largest difference allowed between device and CPU logits, relative to the CPU's range.
+const LOGIT_TOLERANCE: f32 = 0.03;
+
+fn say(line: String) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn device() -> Option<Arc<CudaDevice>> {
+    if !driver_present() {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "TESSERA_REQUIRE_GPU=1 but there is no CUDA driver"
+        );
+        say("SKIPPED: no CUDA driver".into());
+        return None;
+    }
+    let dir = std::env::temp_dir().join("tessera-gpu-test-ptx");
+    Some(Arc::new(
+        CudaDevice::open(0, &PtxCache::new(dir)).unwrap_or_else(|e| panic!("{e}")),
+    ))
+}
+
+/// The repository: `TESSERA_REPO_ROOT` where the binary runs away from its build tree
+/// (`scripts/gpu-check.sh` on a GPU machine), else where it was built.
+fn repo_root() -> PathBuf {
+    std::env::var_os("TESSERA_REPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The logits after the prompt and after each of `follow`'s tokens, on the CPU.
+fn cpu_logits(llama: &Llama, prompt: &[u32], follow: &[u32]) -> Vec<Vec<f32>> {
+    let layout = llama.kv_layout(16);
+    let mut cache = KvCache::new(layout, llama.config().num_hidden_layers, 64);
+    let mut seq = SeqCache::default();
+    let mut out = vec![
+        llama
+            .forward(prompt, &mut seq, &mut cache, &mut Solo::default())
+            .unwrap(),
+    ];
+    for &t in follow {
+        out.push(
+            llama
+                .forward(&[t], &mut seq, &mut cache, &mut Solo::default())
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// [`cpu_logits`] on the device, through `comm` (a rank of a group).
+fn cuda_logits(
+    model: &CudaLlama,
+    kv: &mut DeviceKv,
+    prompt: &[u32],
+    follow: &[u32],
+    comm: &mut dyn Collective,
+) -> Vec<Vec<f32>> {
+    let block_size = kv.layout().block_size;
+    let len = prompt.len() + follow.len();
+    let table: Vec<u32> = (0..len.div_ceil(block_size) as u32).collect();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for tokens in std::iter::once(prompt).chain(follow.chunks(1)) {
+        let chunk = SeqChunk {
+            tokens,
+            start,
+            block_table: &table,
+            logits: true,
+        };
+        out.extend(model.forward_batch(&[chunk], kv, comm).unwrap());
+        start += tokens.len();
+    }
+    out
+}
+
+/// Checks device logits against the CPU's; returns how many steps chose the same token.
+#[track_caller]
+fn compare(what: &str, cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> usize {
+    assert_eq!(cpu.len(), gpu.len(), "{what}: steps");
+    let mut same = 0;
+    let mut worst = 0.0f32;
+    for (step, (c, g)) in cpu.iter().zip(gpu).enumerate() {
+        assert_eq!(c.len(), g.len(), "{what}: vocabulary");
+        let range = c.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
+        let diff = c
+            .iter()
+            .zip(g)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        worst = worst.max(diff / range);
+        assert!(
+            diff <= LOGIT_TOLERANCE * range,
+            "{what} step {step}: logits differ by {diff} of a range of {range}"
+        );
+        let (tc, tg) = (argmax(c), argmax(g));
+        if tc == tg {
+            same += 1;
+        } else {
+            let margin = c[tc] - c[tg];
+            assert!(
+                margin <= LOGIT_TOLERANCE * range,
+                "{what} step {step}: CPU picks {tc}, device {tg}, CPU margin {margin}"
+            );
+        }
+    }
+    say(format!(
+        "{what}: {} steps, worst logit difference {:.2}% of the range, same greedy token in {same}",
+        cpu.len(),
+        100.0 * worst
+    ));
+    same
+}
+
+/// The CPU's greedy continuation of `prompt`, `steps` tokens.
+fn greedy_cpu(llama: &Llama, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let layout = llama.kv_layout(16);
+    let mut cache = KvCache::new(layout, llama.config().num_hidden_layers, 64);
+    let mut seq = SeqCache::default();
+    let mut logits = llama
+        .forward(prompt, &mut seq, &mut cache, &mut Solo::default())
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let t = argmax(&logits) as u32;
+        out.push(t);
+        logits = llama
+            .forward(&[t], &mut seq, &mut cache, &mut Solo::default())
+            .unwrap();
+    }
+    out
+}
+
+const FIXTURES: &[&str] = &[
+    "llama-gqa/model.F32.gguf",
+    "llama-gqa/model.BF16.gguf",
+    "llama-gqa/model.Q8_0.gguf",
+    "llama-gqa/model.Q4_1.gguf",
+    "llama-gqa/f32",
+    "llama-kquant/model.Q4_K.gguf",
+    "llama-kquant/model.Q6_K.gguf",
+    "llama3-rope/model.F32.gguf",
+    "mistral/model.F32.gguf",
+    "qwen2-bias-tied/model.F32.gguf",
+];
+
+#[test]
+fn every_fixture_on_the_device_matches_the_cpu() {
+    let Some(dev) = device() else { return };
+    let prompt = [
+        1u32, 15, 27, 99, 4, 8, 16, 23, 42, 7, 3, 11, 5, 19, 21, 30, 2, 9,
+    ];
+    for fixture in FIXTURES {
+        let path = repo_root().join("fixtures/models").join(fixture);
+        let llama = loader::load_weights(&path).unwrap_or_else(|e| panic!("{fixture}: {e}"));
+        let follow = greedy_cpu(&llama, &prompt, 20);
+        let cpu = cpu_logits(&llama, &prompt, &follow);
+        let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+        let mut kv = model.new_cache(16 << 20).unwrap();
+        let gpu = cuda_logits(&model, &mut kv, &prompt, &follow, &mut Solo::default());
+        compare(fixture, &cpu, &gpu);
+    }
+}
+
+#[test]
+fn a_batch_of_sequences_gives_each_its_own_logits() {
+    let Some(dev) = device() else { return };
+    let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
+    let llama = loader::load_weights(&path).unwrap();
+    let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+    let mut kv = model.new_cache(16 << 20).unwrap();
+    let (a, b) = ([1u32, 5, 9, 13, 17, 21, 25, 29, 33, 37], [2u32, 4, 6, 8]);
+    // Alone, each from its own blocks...
+    let alone_a = cuda_logits(&model, &mut kv, &a, &[], &mut Solo::default());
+    let alone_b = cuda_logits(&model, &mut kv, &b, &[], &mut Solo::default());
+    // ...and together in one batch, in other blocks.
+    let batch = [
+        SeqChunk {
+            tokens: &a,
+            start: 0,
+            block_table: &[5],
+            logits: true,
+        },
+        SeqChunk {
+            tokens: &b,
+            start: 0,
+            block_table: &[7],
+            logits: true,
+        },
+    ];
+    let together = model
+        .forward_batch(&batch, &mut kv, &mut Solo::default())
+        .unwrap();
+    compare("batch row 0", &alone_a, &together[..1]);
+    compare("batch row 1", &alone_b, &together[1..]);
+}
+
+#[test]
+fn tp2_on_one_gpu_through_the_cpu_collective_matches_tp1() {
+    let Some(dev) = device() else { return };
+    let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
+    let whole = loader::load_weights(&path).unwrap();
+    let prompt = [1u32, 15, 27, 99, 4, 8, 16, 23];
+    let follow = greedy_cpu(&whole, &prompt, 12);
+    let cpu = cpu_logits(&whole, &prompt, &follow);
+    let plans = plan_group(2, &whole.config().shape()).unwrap();
+    let comms = LocalGroup::new(2, CollectiveConfig::default());
+    let runs: Vec<Vec<Vec<f32>>> = thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(&plans)
+            .map(|(mut comm, plan)| {
+                let (dev, path, follow) = (Arc::clone(&dev), path.clone(), follow.clone());
+                s.spawn(move || {
+                    let llama = loader::load_rank(&path, plan, 2).unwrap();
+                    let model = CudaLlama::upload(&llama, dev, &mut |_, _| {}).unwrap();
+                    let mut kv = model.new_cache(8 << 20).unwrap();
+                    cuda_logits(&model, &mut kv, &prompt, &follow, &mut comm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(runs[0], runs[1], "both ranks return the same logits");
+    compare("tp = 2 on one GPU", &cpu, &runs[0]);
+}
+
+#[test]
+fn smollm2_greedy_on_the_device_follows_the_cpu() {
+    let Some(dev) = device() else { return };
+    let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.is_file() {
+        say(format!(
+            "SKIPPED: {} not found (scripts/get-demo-model.sh)",
+            path.display()
+        ));
+        return;
+    }
+    let loaded = loader::load(&path).unwrap();
+    let tokenizer = loaded.tokenizer.expect("the GGUF holds its tokenizer");
+    let prompt = tokenizer
+        .encode(
+            "The capital of France is Paris. The capital of Italy is",
+            true,
+        )
+        .unwrap();
+    let steps = 32;
+    let cpu_tokens = greedy_cpu(&loaded.llama, &prompt, steps);
+    let cpu = cpu_logits(&loaded.llama, &prompt, &cpu_tokens);
+    let model = CudaLlama::upload(&loaded.llama, dev, &mut |_, _| {}).unwrap();
+    let mut kv = model.new_cache(64 << 20).unwrap();
+    // Teacher-forced on the CPU's tokens: the logits of every step compared.
+    let gpu = cuda_logits(&model, &mut kv, &prompt, &cpu_tokens, &mut Solo::default());
+    let same = compare("SmolLM2 (teacher-forced)", &cpu, &gpu);
+    // Free-running greedy on the device.
+    let mut gpu_tokens = Vec::new();
+    let table: Vec<u32> = (0..(prompt.len() + steps).div_ceil(16) as u32).collect();
+    let mut logits = gpu[0].clone();
+    for i in 0..steps {
+        let t = argmax(&logits) as u32;
+        gpu_tokens.push(t);
+        let chunk = SeqChunk {
+            tokens: &[t],
+            start: prompt.len() + i,
+            block_table: &table,
+            logits: true,
+        };
+        logits = model
+            .forward_batch(&[chunk], &mut kv, &mut Solo::default())
+            .unwrap()
+            .remove(0);
+    }
+    let common = cpu_tokens
+        .iter()
+        .zip(&gpu_tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
+    say(format!(
+        "SmolLM2 greedy, {steps} tokens: CPU {:?}\n  device {:?}\n  the same for the first {common}",
+        tokenizer.decode(&cpu_tokens, false).unwrap(),
+        tokenizer.decode(&gpu_tokens, false).unwrap(),
+    ));
+    assert!(
+        same + 1 >= cpu.len() * 9 / 10,
+        "{same} of {} steps agree",
+        cpu.len()
+    );
+    assert!(
+        common >= 8,
+        "the device's greedy text leaves the CPU's after {common} tokens"
+    );
+}
+
+#[test]
+fn a_kv_budget_beyond_the_device_memory_is_refused() {
+    let Some(dev) = device() else { return };
+    let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
+    let llama = loader::load_weights(&path).unwrap();
+    let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+    let too_much = dev.total_memory() * 2;
+    let err = model.new_cache(too_much).unwrap_err().to_string();
+    assert!(err.contains("free"), "{err}");
+    let err = model.new_cache(10).unwrap_err().to_string();
+    assert!(err.contains("holds no block"), "{err}");
+}
