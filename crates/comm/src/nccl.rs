@@ -14,9 +14,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaStream};
-use cudarc::nccl::{Comm, Id, ReduceOp};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
 use tessera_topology::Rank;
+
+use crate::collective::{Collective, CollectiveError, CollectiveStats, Op};
 
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
@@ -84,7 +86,14 @@ pub struct NcclGroup {
     rank: Rank,
     world: usize,
     deadline: Duration,
+    stats: CollectiveStats,
 }
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; `&mut
+// self` on every operation makes the calls exclusive, so moving the group to another
+// thread (the `Collective` bound) is sound. cudarc leaves `Comm` !Send only because it
+// holds a raw pointer.
+unsafe impl Send for NcclGroup {}
 
 impl NcclGroup {
     /// Joins the group of `world` ranks that `id` names, as `rank`, on `stream`. Blocks
@@ -114,6 +123,7 @@ impl NcclGroup {
             rank,
             world,
             deadline,
+            stats: CollectiveStats::default(),
         })
     }
 
@@ -160,7 +170,11 @@ impl NcclGroup {
     }
 
     /// `root`'s `buf` onto every rank, in place.
-    pub fn broadcast(&mut self, buf: &mut CudaSlice<f32>, root: Rank) -> Result<(), NcclError> {
+    pub fn broadcast<T: NcclType>(
+        &mut self,
+        buf: &mut CudaSlice<T>,
+        root: Rank,
+    ) -> Result<(), NcclError> {
         let rank = self.rank;
         let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
         comm.broadcast_in_place(buf, root.0 as i32)
@@ -201,5 +215,122 @@ fn nccl_error(rank: Rank, op: &'static str, e: cudarc::nccl::result::NcclError) 
         rank,
         op,
         message: format!("{e:?}"),
+    }
+}
+
+impl NcclGroup {
+    /// Runs `f`, counting one call of `bytes` and its time.
+    fn counted<R>(&mut self, bytes: usize, f: impl FnOnce(&mut Self) -> R) -> R {
+        let started = Instant::now();
+        let out = f(self);
+        self.stats.calls += 1;
+        self.stats.bytes += bytes as u64;
+        self.stats.time += started.elapsed();
+        out
+    }
+
+    fn upload<T: DeviceRepr>(&self, op: Op, host: &[T]) -> Result<CudaSlice<T>, CollectiveError> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| CollectiveError::Io {
+                op,
+                message: format!("rank {}: copying to the device: {e}", self.rank),
+            })
+    }
+
+    fn download<T: DeviceRepr>(
+        &self,
+        op: Op,
+        dev: &CudaSlice<T>,
+        host: &mut [T],
+    ) -> Result<(), CollectiveError> {
+        self.stream
+            .memcpy_dtoh(dev, host)
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| CollectiveError::Io {
+                op,
+                message: format!("rank {}: copying to the host: {e}", self.rank),
+            })
+    }
+}
+
+impl NcclError {
+    /// This failure as the collectives report it (NCCL cannot tell which peer is missing:
+    /// the message names this rank and the operation).
+    pub fn in_op(self, op: Op) -> CollectiveError {
+        CollectiveError::Io {
+            op,
+            message: self.to_string(),
+        }
+    }
+}
+
+fn collective_error(op: Op, e: NcclError) -> CollectiveError {
+    e.in_op(op)
+}
+
+/// The host-memory collective over NCCL: each call copies its buffer to the device, runs
+/// the NCCL operation and copies the result back. The model's device path calls
+/// [`NcclGroup`]'s own methods on device buffers instead ([`Collective::nccl`]).
+impl Collective for NcclGroup {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        self.counted(data.len() * 4, |g| {
+            let op = Op::AllReduce;
+            let mut dev = g.upload(op, data)?;
+            NcclGroup::all_reduce_sum(g, &mut dev).map_err(|e| collective_error(op, e))?;
+            g.download(op, &dev, data)
+        })
+    }
+
+    fn all_gather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), CollectiveError> {
+        if output.len() != input.len() * self.world {
+            return Err(CollectiveError::BadLength {
+                op: Op::AllGather,
+                len: output.len(),
+                detail: format!("{} ranks × {} values", self.world, input.len()),
+            });
+        }
+        self.counted(input.len() * 4, |g| {
+            let op = Op::AllGather;
+            let dev_in = g.upload(op, input)?;
+            let mut dev_out = g.upload(op, output)?;
+            NcclGroup::all_gather(g, &dev_in, &mut dev_out).map_err(|e| collective_error(op, e))?;
+            g.download(op, &dev_out, output)
+        })
+    }
+
+    fn broadcast(&mut self, data: &mut [u8], root: Rank) -> Result<(), CollectiveError> {
+        self.counted(data.len(), |g| {
+            let op = Op::Broadcast;
+            let mut dev = g.upload(op, data)?;
+            NcclGroup::broadcast(g, &mut dev, root).map_err(|e| collective_error(op, e))?;
+            g.download(op, &dev, data)
+        })
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        let mut one = [0.0f32];
+        self.counted(0, |g| {
+            let op = Op::Barrier;
+            let mut dev = g.upload(op, &one)?;
+            NcclGroup::all_reduce_sum(g, &mut dev).map_err(|e| collective_error(op, e))?;
+            g.download(op, &dev, &mut one)
+        })
+    }
+
+    fn stats(&self) -> CollectiveStats {
+        self.stats
+    }
+
+    fn nccl(&mut self) -> Option<&mut NcclGroup> {
+        Some(self)
     }
 }

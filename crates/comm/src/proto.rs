@@ -26,7 +26,7 @@ use tessera_topology::Rank;
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A sequence: one generation stream of a request. A coordinator leader numbers them
 /// from its Raft term up (`term << 40`), so sequences carried over from an earlier
@@ -63,6 +63,12 @@ pub enum ShardMsg {
     /// lead: checked like `Register`, then held open so the peer can say when it leads
     /// ([`CoordinatorMsg::Leading`]) and the shard moves over at once.
     Standby(Register),
+    /// Rank 0 of an NCCL group: the unique id (128 bytes) of `epoch`'s communicator, for
+    /// the coordinator to relay to the other ranks.
+    NcclId {
+        epoch: u64,
+        id: Vec<u8>,
+    },
 }
 
 /// The first message of a shard connection. The coordinator checks it against the
@@ -198,6 +204,11 @@ pub enum CoordinatorMsg {
         peer: u64,
         term: u64,
     },
+    /// The unique id of `epoch`'s NCCL communicator, from rank 0 (see [`Bootstrap::Nccl`]).
+    NcclId {
+        epoch: u64,
+        id: Vec<u8>,
+    },
 }
 
 /// A shard's place in its group for one epoch.
@@ -224,6 +235,10 @@ pub enum Bootstrap {
     Shm { name: String },
     /// Any hosts: rank r listens on `peers[r]` (`host:port`).
     Tcp { peers: Vec<String> },
+    /// cuda ranks: NCCL. Rank 0 makes the group's unique id and sends it
+    /// ([`ShardMsg::NcclId`]); the coordinator relays it to every rank
+    /// ([`CoordinatorMsg::NcclId`]), and each joins with it.
+    Nccl,
 }
 
 /// One step for a group: a delta against the state the shards already hold.

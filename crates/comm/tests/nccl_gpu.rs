@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
+use tessera_comm::Collective;
 use tessera_comm::nccl::{NcclGroup, nccl_present, unique_id};
 use tessera_topology::Rank;
 
@@ -35,5 +36,21 @@ fn a_one_rank_group_reduces_gathers_and_broadcasts() {
     assert_eq!(stream.clone_dtoh(&gathered).expect("download"), values);
     let mut wrong = stream.alloc_zeros::<f32>(values.len() + 1).expect("alloc");
     assert!(group.all_gather(&buf, &mut wrong).is_err());
-    eprintln!("one-rank NCCL group: all-reduce, broadcast and all-gather of 1000 values ok");
+    // The host-memory path (the `Collective` trait), as a shard's engine uses it.
+    let comm: &mut dyn Collective = &mut group;
+    let mut host = values.clone();
+    comm.all_reduce_sum(&mut host).expect("host all-reduce");
+    assert_eq!(host, values);
+    let mut bytes = b"sampled tokens".to_vec();
+    comm.broadcast(&mut bytes, Rank(0)).expect("host broadcast");
+    assert_eq!(bytes, b"sampled tokens");
+    let mut out = vec![0.0; values.len()];
+    comm.all_gather(&values, &mut out).expect("host all-gather");
+    assert_eq!(out, values);
+    comm.barrier().expect("barrier");
+    assert_eq!(comm.stats().calls, 4);
+    assert!(comm.nccl().is_some(), "the device path is offered");
+    eprintln!(
+        "one-rank NCCL group: all-reduce, broadcast and all-gather of 1000 values ok, on the device and through the host"
+    );
 }

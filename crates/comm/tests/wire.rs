@@ -88,6 +88,10 @@ fn shard_msgs() -> Vec<ShardMsg> {
                 rank: Some(Rank(2)),
             },
         },
+        ShardMsg::NcclId {
+            epoch: 3,
+            id: (0..128).collect(),
+        },
     ]
 }
 
@@ -143,6 +147,11 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
         assignment(Bootstrap::Tcp {
             peers: vec!["10.0.0.1:7101".into(), "10.0.0.2:7101".into()],
         }),
+        assignment(Bootstrap::Nccl),
+        CoordinatorMsg::NcclId {
+            epoch: 2,
+            id: vec![9; 128],
+        },
         CoordinatorMsg::Step(step_plan()),
         CoordinatorMsg::Step(StepPlan {
             term: 0,

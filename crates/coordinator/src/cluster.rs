@@ -11,7 +11,7 @@ use tessera_topology::{Collective, Topology};
 
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
 use crate::group::GroupHandle;
-use crate::group::driver::{self, EpochJournal, GroupConfig, Limits};
+use crate::group::driver::{self, EpochJournal, GroupCollective, GroupConfig, Limits};
 use crate::group::scheduler::SchedulerConfig;
 
 /// Every group of the topology, with a running driver each.
@@ -44,26 +44,31 @@ impl Cluster {
             .groups
             .iter()
             .map(|g| {
-                let tcp_peers = (g.collective == Collective::Tcp).then(|| {
-                    g.shards
-                        .iter()
-                        .map(|s| {
-                            let address = topology
-                                .host(&s.host)
-                                .map_or(s.host.as_str(), |h| h.address.as_str());
-                            if address.contains(':') {
-                                format!("[{address}]:{}", s.port)
-                            } else {
-                                format!("{address}:{}", s.port)
-                            }
-                        })
-                        .collect()
-                });
+                let collective = match g.collective {
+                    Collective::Shm => GroupCollective::Shm,
+                    Collective::Nccl => GroupCollective::Nccl,
+                    Collective::Tcp => GroupCollective::Tcp {
+                        peers: g
+                            .shards
+                            .iter()
+                            .map(|s| {
+                                let address = topology
+                                    .host(&s.host)
+                                    .map_or(s.host.as_str(), |h| h.address.as_str());
+                                if address.contains(':') {
+                                    format!("[{address}]:{}", s.port)
+                                } else {
+                                    format!("{address}:{}", s.port)
+                                }
+                            })
+                            .collect(),
+                    },
+                };
                 let config = GroupConfig {
                     name: g.name.clone(),
                     model: g.model.clone(),
                     tp: g.tp,
-                    tcp_peers,
+                    collective,
                     hosts: g.shards.iter().map(|s| s.host.clone()).collect(),
                     term,
                     limits,

@@ -43,6 +43,14 @@ impl ModelSlice {
         }
     }
 
+    /// The device stream of a CUDA slice (`None` on the CPU).
+    pub fn cuda_stream(&self) -> Option<Arc<tessera_kernels::cuda::CudaStream>> {
+        match self {
+            ModelSlice::Cpu(_) => None,
+            ModelSlice::Cuda(m) => Some(Arc::clone(m.stream())),
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         match self {
             ModelSlice::Cpu(m) => m.config(),

@@ -255,6 +255,7 @@ async fn serve(
                         Command::Assign(a)
                     }
                     CoordinatorMsg::Step(plan) => Command::Step(plan),
+                    CoordinatorMsg::NcclId { epoch, id } => Command::NcclId { epoch, id },
                     // Announcements belong on standby connections.
                     CoordinatorMsg::Drain | CoordinatorMsg::Leading { .. } => continue,
                     CoordinatorMsg::Shutdown => {

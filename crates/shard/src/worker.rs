@@ -12,24 +12,17 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvError};
 use std::time::{Duration, Instant};
 
-use tessera_comm::Collective;
-use tessera_comm::collective::CollectiveConfig;
-use tessera_comm::collective::connect::connect;
-use tessera_comm::proto::{Assignment, HeldSeq, Ready, ShardMsg, StepDone, StepPlan, StepTimings};
+use tessera_comm::proto::{Assignment, HeldSeq, ShardMsg, StepDone, StepPlan, StepTimings};
 use tessera_kernels::cuda::CudaDevice;
-use tessera_model::llama::LoadProgress;
-use tessera_model::loader;
 use tessera_model::slice::ModelSlice;
 use tessera_topology::{Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
-use tracing::{debug, debug_span, info, warn};
+use tracing::{debug, debug_span, warn};
 
+use crate::assign::{Active, AwaitingId, Joined, assign};
 use crate::engine::Engine;
 use crate::error::ShardError;
-
-/// How often loading progress is reported.
-const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// What the control task asks of the compute thread.
 #[derive(Debug)]
@@ -39,6 +32,11 @@ pub enum Command {
     /// The journaled sequences held now, for a registration (answered after every
     /// command sent before it, so the report is final for the old connection).
     Held(oneshot::Sender<Vec<HeldSeq>>),
+    /// The unique id of an NCCL group's epoch, relayed from rank 0.
+    NcclId {
+        epoch: u64,
+        id: Vec<u8>,
+    },
 }
 
 /// What a shard is, for the whole life of the process.
@@ -53,13 +51,6 @@ pub struct WorkerConfig {
     pub device: Option<Arc<CudaDevice>>,
     /// Fault injection for tests: sleep this long before every step (a slow shard).
     pub step_delay: Duration,
-}
-
-/// The epoch this rank is serving, under the coordinator term that assigned it.
-struct Active {
-    term: u64,
-    comm: Box<dyn Collective>,
-    engine: Engine,
 }
 
 /// Term fencing: a shard follows the newest coordinator leader it has heard from. An
@@ -85,6 +76,8 @@ impl TermFence {
 pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedSender<ShardMsg>) {
     let mut model: Option<Arc<ModelSlice>> = None;
     let mut active: Option<Active> = None;
+    // An NCCL assignment of rank > 0, waiting for rank 0's id.
+    let mut pending: Option<AwaitingId> = None;
     let mut last_step_end: Option<Instant> = None;
     let mut fence = TermFence::default();
     loop {
@@ -108,25 +101,27 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                 let carried = active
                     .take()
                     .map(|a| a.engine)
+                    .or_else(|| pending.take().and_then(|p| p.carried))
                     .filter(|_| !assignment.keep.is_empty());
                 last_step_end = None;
                 let epoch = assignment.epoch;
-                match assign(&config, &mut model, assignment, carried, &events) {
-                    Ok((next, ready)) => {
-                        active = Some(next);
-                        let _ = events.send(ShardMsg::Ready(ready));
-                    }
-                    Err(error) => {
-                        warn!(epoch, %error, "assignment failed");
-                        let error = error.to_wire(config.rank);
-                        let _ = events.send(ShardMsg::Failed { epoch, error });
-                    }
-                }
+                let joined = assign(&config, &mut model, assignment, carried, &events);
+                settle(&config, joined, epoch, &mut active, &mut pending, &events);
+            }
+            Command::NcclId { epoch, id } => {
+                let Some(waiting) = pending.take_if(|p| p.assignment.epoch == epoch) else {
+                    debug!(epoch, "an NCCL id for no pending assignment");
+                    continue;
+                };
+                let joined = waiting.join(&config, &id).map(Joined::Ready);
+                settle(&config, joined, epoch, &mut active, &mut pending, &events);
             }
             Command::Held(reply) => {
                 let held = active
                     .as_ref()
-                    .map(|a| a.engine.journaled_held())
+                    .map(|a| &a.engine)
+                    .or_else(|| pending.as_ref().and_then(|p| p.carried.as_ref()))
+                    .map(Engine::journaled_held)
                     .unwrap_or_default();
                 let _ = reply.send(held);
             }
@@ -204,95 +199,27 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
     }
 }
 
-/// Loads the slice (once), joins the epoch's collective and sizes the KV cache, or
-/// carries the last epoch's cache and the sequences the assignment keeps.
-fn assign(
+/// Takes the outcome of an assignment: serving, waiting for the NCCL id, or failed.
+fn settle(
     config: &WorkerConfig,
-    model: &mut Option<Arc<ModelSlice>>,
-    assignment: Assignment,
-    carried: Option<Engine>,
+    joined: Result<Joined, ShardError>,
+    epoch: u64,
+    active: &mut Option<Active>,
+    pending: &mut Option<AwaitingId>,
     events: &UnboundedSender<ShardMsg>,
-) -> Result<(Active, Ready), ShardError> {
-    let epoch = assignment.epoch;
-    let term = assignment.term;
-    let llama = match model {
-        Some(m) => Arc::clone(m),
-        None => {
-            let started = Instant::now();
-            let mut reported = Instant::now();
-            let mut on_layer = |p: LoadProgress| {
-                // At most a few messages a second, and always the last layer.
-                if p.layers_done == p.layers || reported.elapsed() >= LOAD_PROGRESS_EVERY {
-                    reported = Instant::now();
-                    info!(
-                        layers_done = p.layers_done,
-                        layers = p.layers,
-                        weight_bytes = p.weight_bytes,
-                        "loading"
-                    );
-                    let _ = events.send(ShardMsg::Loading {
-                        epoch,
-                        layers_done: u32::try_from(p.layers_done).unwrap_or(u32::MAX),
-                        layers: u32::try_from(p.layers).unwrap_or(u32::MAX),
-                        weight_bytes: p.weight_bytes as u64,
-                    });
-                }
-            };
-            let llama = loader::load_rank_with_progress(
-                &config.model_path,
-                &config.plan,
-                config.tp,
-                &mut on_layer,
-            )?;
-            let mut on_upload = |done: usize, layers: usize| {
-                if done == layers {
-                    info!(layers, "uploaded to the device");
-                }
-            };
-            let loaded = Arc::new(ModelSlice::place(
-                llama,
-                config.device.clone(),
-                &mut on_upload,
-            )?);
-            info!(
-                rank = %config.rank,
-                weight_bytes = loaded.weight_bytes(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "weights loaded"
-            );
-            *model = Some(Arc::clone(&loaded));
-            loaded
+) {
+    match joined {
+        Ok(Joined::Ready((next, ready))) => {
+            *active = Some(next);
+            let _ = events.send(ShardMsg::Ready(ready));
         }
-    };
-    let collective = CollectiveConfig {
-        deadline: Duration::from_millis(assignment.collective_deadline_ms),
-        ..CollectiveConfig::default()
-    };
-    let comm = connect(
-        &assignment.bootstrap,
-        config.rank,
-        config.tp,
-        &assignment.token,
-        collective,
-    )?;
-    let (engine, kept) = match carried {
-        Some(engine) => engine.carry(epoch, &assignment.keep),
-        None => {
-            let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
-            let cache = llama.new_cache(budget)?;
-            (Engine::new(config.rank, epoch, cache), Vec::new())
+        Ok(Joined::AwaitingId(waiting)) => *pending = Some(waiting),
+        Err(error) => {
+            warn!(epoch, %error, "assignment failed");
+            let error = error.to_wire(config.rank);
+            let _ = events.send(ShardMsg::Failed { epoch, error });
         }
-    };
-    let blocks = engine.num_blocks();
-    info!(epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
-    let ready = Ready {
-        epoch,
-        kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
-        block_size: engine.block_size() as u32,
-        weight_bytes: llama.weight_bytes() as u64,
-        kept,
-    };
-    Ok((Active { term, comm, engine }, ready))
+    }
 }
 
 fn micros(d: Duration) -> u64 {

@@ -222,10 +222,6 @@ pub enum TopologyError {
     },
     #[error("group {group}: collective = \"nccl\" needs cuda devices, but the shards run on cpu")]
     NcclOnCpu { group: String },
-    #[error(
-        "group {group}: collective = {collective:?} moves host memory, but the shards run on cuda"
-    )]
-    CpuCollectiveOnCuda { group: String, collective: String },
     #[error("group {group}: collective = \"shm\" needs every rank on one host, but they run on {}", hosts.join(", "))]
     ShmAcrossHosts { group: String, hosts: Vec<String> },
     #[error("{what}: threads = {threads}; threads must be at least 1")]
@@ -287,7 +283,7 @@ impl TopologyError {
             E::BadDevice { .. } => "bad-device",
             E::MixedDevices { .. } => "mixed-devices",
             E::SharedCudaDevice { .. } => "shared-cuda-device",
-            E::NcclOnCpu { .. } | E::CpuCollectiveOnCuda { .. } => "collective-device",
+            E::NcclOnCpu { .. } => "collective-device",
             E::ShmAcrossHosts { .. } => "shm-across-hosts",
             E::ThreadsRange { .. } => "threads-range",
             E::PortRange { .. } => "port-range",
@@ -391,9 +387,6 @@ impl TopologyError {
             }
             E::NcclOnCpu { .. } => {
                 "use collective = \"auto\", \"shm\" (one host) or \"tcp\" for cpu shards".into()
-            }
-            E::CpuCollectiveOnCuda { .. } => {
-                "use collective = \"nccl\" (or \"auto\") for cuda shards".into()
             }
             E::ShmAcrossHosts { .. } => {
                 "use collective = \"tcp\" (or \"auto\"), or place every rank on one host".into()

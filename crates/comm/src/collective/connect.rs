@@ -43,6 +43,12 @@ pub fn connect(
         Bootstrap::Tcp { peers } if peers.len() == world_size => {
             Ok(Box::new(TcpRing::connect(rank, peers, token, config)?))
         }
+        Bootstrap::Nccl => Err(CollectiveError::Io {
+            op: Op::Connect,
+            message: "an NCCL group is joined on the device, with the id rank 0 sends \
+                      (tessera_comm::nccl::NcclGroup::join)"
+                .into(),
+        }),
         Bootstrap::Tcp { peers } => Err(CollectiveError::BadLength {
             op: Op::Connect,
             len: peers.len(),

@@ -43,8 +43,8 @@ pub struct GroupConfig {
     pub name: String,
     pub model: String,
     pub tp: usize,
-    /// `None`: shared memory (one host). `Some`: TCP ring, `host:port` per rank.
-    pub tcp_peers: Option<Vec<String>>,
+    /// How the ranks all-reduce (for tp > 1).
+    pub collective: GroupCollective,
     /// The topology's host of each rank.
     pub hosts: Vec<String>,
     pub term: u64,
@@ -55,6 +55,17 @@ pub struct GroupConfig {
     pub first_epoch: u64,
     /// Where new epochs and ready shards are recorded (the replicated state).
     pub journal: Option<EpochJournal>,
+}
+
+/// The collective of a group, as the coordinator sets up each epoch's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupCollective {
+    /// Shared memory (one host).
+    Shm,
+    /// TCP ring, `host:port` per rank.
+    Tcp { peers: Vec<String> },
+    /// NCCL: rank 0's unique id is relayed to the other ranks.
+    Nccl,
 }
 
 /// Records a group's epochs (`Fence`) and ready shards (`ShardUp`); it must not block.
@@ -403,6 +414,7 @@ impl Driver {
                 self.shard_state(event.rank, "loading");
             }
             ShardMsg::Ready(ready) => self.on_ready(event.rank, ready),
+            ShardMsg::NcclId { epoch, id } => self.relay_nccl_id(event.rank, epoch, id).await,
             ShardMsg::StepDone(done) => self.on_step_done(event.rank, done),
             ShardMsg::Failed { epoch, error } => {
                 if self.current_epoch() == Some(epoch) {
@@ -411,6 +423,25 @@ impl Driver {
                     self.fence(blamed, format!("rank {blamed} failed: {}", error.message));
                 }
             }
+        }
+    }
+
+    /// Rank 0's NCCL unique id for the epoch being assigned, to every rank (rank 0 ignores
+    /// its own). Another rank sending one, or a group not on NCCL, is fenced.
+    async fn relay_nccl_id(&mut self, rank: Rank, epoch: u64, id: Vec<u8>) {
+        if rank != Rank(0) || self.config.collective != GroupCollective::Nccl {
+            self.fence(
+                rank,
+                format!("rank {rank} sent an NCCL id it was not asked for"),
+            );
+            return;
+        }
+        if !matches!(self.state, State::Assigning { epoch: e, .. } if e == epoch) {
+            return; // an id for an epoch already over
+        }
+        debug!(group = %self.config.name, epoch, "relaying the NCCL id");
+        if let Err(rank) = self.broadcast(&CoordinatorMsg::NcclId { epoch, id }).await {
+            self.fence(rank, format!("rank {rank} could not take the NCCL id"));
         }
     }
 
@@ -637,12 +668,13 @@ impl Driver {
             group: self.config.name.clone(),
             epoch,
         });
-        let bootstrap = match (&self.config.tcp_peers, self.config.tp) {
+        let bootstrap = match (&self.config.collective, self.config.tp) {
             (_, 1) => Bootstrap::Solo,
-            (Some(peers), _) => Bootstrap::Tcp {
+            (GroupCollective::Tcp { peers }, _) => Bootstrap::Tcp {
                 peers: peers.clone(),
             },
-            (None, _) => Bootstrap::Shm {
+            (GroupCollective::Nccl, _) => Bootstrap::Nccl,
+            (GroupCollective::Shm, _) => Bootstrap::Shm {
                 name: format!("tessera-{}-e{epoch}", self.config.name),
             },
         };

@@ -187,6 +187,12 @@ impl CudaLlama {
         &self.device
     }
 
+    /// The stream every kernel of this model runs on (an NCCL group joins on it, so that
+    /// its collectives are ordered with the kernels).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Bytes of weights in device memory.
     pub fn device_bytes(&self) -> usize {
         self.device_bytes
@@ -386,7 +392,8 @@ impl CudaLlama {
         Ok(ops.download(&rows)?)
     }
 
-    /// Sums `buf` over the group through the host (nothing to do for tp = 1).
+    /// Sums `buf` over the group: on the device through NCCL, else through the host
+    /// (nothing to do for tp = 1).
     fn all_reduce(
         &self,
         ops: &Ops<'_>,
@@ -394,6 +401,11 @@ impl CudaLlama {
         comm: &mut dyn Collective,
     ) -> Result<(), ModelError> {
         if comm.world_size() == 1 {
+            return Ok(());
+        }
+        if let Some(nccl) = comm.nccl() {
+            nccl.all_reduce_sum(buf)
+                .map_err(|e| e.in_op(tessera_comm::collective::Op::AllReduce))?;
             return Ok(());
         }
         let mut host = ops.download(buf)?;

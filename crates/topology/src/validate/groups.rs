@@ -378,23 +378,14 @@ impl Validator<'_> {
             (CollectiveChoice::Nccl, false) => TopologyError::NcclOnCpu {
                 group: group.to_owned(),
             },
-            (CollectiveChoice::Shm | CollectiveChoice::Tcp, true) => {
-                TopologyError::CpuCollectiveOnCuda {
-                    group: group.to_owned(),
-                    collective: if requested == CollectiveChoice::Shm {
-                        "shm"
-                    } else {
-                        "tcp"
-                    }
-                    .to_owned(),
-                }
-            }
-            (CollectiveChoice::Shm, false) if hosts.len() == 1 => return Some(Collective::Shm),
-            (CollectiveChoice::Shm, false) => TopologyError::ShmAcrossHosts {
+            // On cuda shards the CPU collectives stage through host memory (device → host
+            // → ring → device): slower than NCCL, but needs no NCCL.
+            (CollectiveChoice::Shm, _) if hosts.len() == 1 => return Some(Collective::Shm),
+            (CollectiveChoice::Shm, _) => TopologyError::ShmAcrossHosts {
                 group: group.to_owned(),
                 hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
             },
-            (CollectiveChoice::Tcp, false) => return Some(Collective::Tcp),
+            (CollectiveChoice::Tcp, _) => return Some(Collective::Tcp),
         };
         self.error(span, field, error);
         None

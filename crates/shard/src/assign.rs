@@ -1,0 +1,222 @@
+//! Taking an assignment: load the slice (once, kept across epochs), join the epoch's
+//! collective, and size the KV cache or carry the last epoch's.
+//!
+//! An NCCL group joins in two steps. Rank 0 makes the communicator's unique id, sends it
+//! to the coordinator ([`ShardMsg::NcclId`]) and joins; every other rank loads, then waits
+//! ([`Joined::AwaitingId`]) until the coordinator relays the id, and joins with it. NCCL's
+//! join blocks until every rank has joined.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_comm::Collective;
+use tessera_comm::collective::connect::connect;
+use tessera_comm::collective::{CollectiveConfig, CollectiveError, Op};
+use tessera_comm::nccl::{ID_BYTES, NcclGroup, unique_id};
+use tessera_comm::proto::{Assignment, Bootstrap, Ready, ShardMsg};
+use tessera_model::llama::LoadProgress;
+use tessera_model::loader;
+use tessera_model::slice::ModelSlice;
+use tessera_topology::Rank;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::info;
+
+use crate::engine::Engine;
+use crate::error::ShardError;
+use crate::worker::WorkerConfig;
+
+/// How often loading progress is reported.
+const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// The epoch this rank is serving, under the coordinator term that assigned it.
+pub(crate) struct Active {
+    pub(crate) term: u64,
+    pub(crate) comm: Box<dyn Collective>,
+    pub(crate) engine: Engine,
+}
+
+/// An NCCL assignment of a rank other than 0, loaded, waiting for rank 0's id.
+pub(crate) struct AwaitingId {
+    pub(crate) assignment: Assignment,
+    pub(crate) carried: Option<Engine>,
+    model: Arc<ModelSlice>,
+}
+
+/// What taking an assignment came to.
+pub(crate) enum Joined {
+    Ready((Active, Ready)),
+    AwaitingId(AwaitingId),
+}
+
+/// Loads the slice (once), then joins the assignment's collective, or waits for the NCCL
+/// id where that is what the group needs first.
+pub(crate) fn assign(
+    config: &WorkerConfig,
+    model: &mut Option<Arc<ModelSlice>>,
+    assignment: Assignment,
+    carried: Option<Engine>,
+    events: &UnboundedSender<ShardMsg>,
+) -> Result<Joined, ShardError> {
+    let slice = load_once(config, model, assignment.epoch, events)?;
+    match assignment.bootstrap {
+        Bootstrap::Nccl if config.rank != Rank(0) => Ok(Joined::AwaitingId(AwaitingId {
+            assignment,
+            carried,
+            model: slice,
+        })),
+        Bootstrap::Nccl => {
+            let id = unique_id().map_err(|e| e.in_op(Op::Connect))?;
+            let _ = events.send(ShardMsg::NcclId {
+                epoch: assignment.epoch,
+                id: id.to_vec(),
+            });
+            let comm = join_nccl(config, &slice, &assignment, &id)?;
+            finish(config, slice, assignment, carried, comm).map(Joined::Ready)
+        }
+        _ => {
+            let comm = connect(
+                &assignment.bootstrap,
+                config.rank,
+                config.tp,
+                &assignment.token,
+                collective_config(&assignment),
+            )?;
+            finish(config, slice, assignment, carried, comm).map(Joined::Ready)
+        }
+    }
+}
+
+impl AwaitingId {
+    /// Joins the NCCL group with the id rank 0 made.
+    pub(crate) fn join(
+        self,
+        config: &WorkerConfig,
+        id: &[u8],
+    ) -> Result<(Active, Ready), ShardError> {
+        let id: [u8; ID_BYTES] = id.try_into().map_err(|_| CollectiveError::BadLength {
+            op: Op::Connect,
+            len: id.len(),
+            detail: format!("an NCCL unique id is {ID_BYTES} bytes"),
+        })?;
+        let comm = join_nccl(config, &self.model, &self.assignment, &id)?;
+        finish(config, self.model, self.assignment, self.carried, comm)
+    }
+}
+
+fn collective_config(assignment: &Assignment) -> CollectiveConfig {
+    CollectiveConfig {
+        deadline: Duration::from_millis(assignment.collective_deadline_ms),
+        ..CollectiveConfig::default()
+    }
+}
+
+/// Joins the NCCL group on the model's stream (so its collectives are ordered with the
+/// kernels).
+fn join_nccl(
+    config: &WorkerConfig,
+    slice: &ModelSlice,
+    assignment: &Assignment,
+    id: &[u8; ID_BYTES],
+) -> Result<Box<dyn Collective>, ShardError> {
+    let stream = slice.cuda_stream().ok_or_else(|| CollectiveError::Io {
+        op: Op::Connect,
+        message: "NCCL needs a cuda device; this shard runs on the cpu".into(),
+    })?;
+    let deadline = collective_config(assignment).deadline;
+    let group = NcclGroup::join(stream, config.rank, config.tp, id, deadline)
+        .map_err(|e| e.in_op(Op::Connect))?;
+    Ok(Box::new(group))
+}
+
+/// The slice, loaded on first use and kept for later epochs.
+fn load_once(
+    config: &WorkerConfig,
+    model: &mut Option<Arc<ModelSlice>>,
+    epoch: u64,
+    events: &UnboundedSender<ShardMsg>,
+) -> Result<Arc<ModelSlice>, ShardError> {
+    if let Some(m) = model {
+        return Ok(Arc::clone(m));
+    }
+    let started = Instant::now();
+    let mut reported = Instant::now();
+    let mut on_layer = |p: LoadProgress| {
+        // At most a few messages a second, and always the last layer.
+        if p.layers_done == p.layers || reported.elapsed() >= LOAD_PROGRESS_EVERY {
+            reported = Instant::now();
+            info!(
+                layers_done = p.layers_done,
+                layers = p.layers,
+                weight_bytes = p.weight_bytes,
+                "loading"
+            );
+            let _ = events.send(ShardMsg::Loading {
+                epoch,
+                layers_done: u32::try_from(p.layers_done).unwrap_or(u32::MAX),
+                layers: u32::try_from(p.layers).unwrap_or(u32::MAX),
+                weight_bytes: p.weight_bytes as u64,
+            });
+        }
+    };
+    let llama = loader::load_rank_with_progress(
+        &config.model_path,
+        &config.plan,
+        config.tp,
+        &mut on_layer,
+    )?;
+    let mut on_upload = |done: usize, layers: usize| {
+        if done == layers {
+            info!(layers, "uploaded to the device");
+        }
+    };
+    let loaded = Arc::new(ModelSlice::place(
+        llama,
+        config.device.clone(),
+        &mut on_upload,
+    )?);
+    info!(
+        rank = %config.rank,
+        weight_bytes = loaded.weight_bytes(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "weights loaded"
+    );
+    *model = Some(Arc::clone(&loaded));
+    Ok(loaded)
+}
+
+/// Sizes the KV cache (or carries the last epoch's and the sequences the assignment
+/// keeps) and says `Ready`.
+fn finish(
+    config: &WorkerConfig,
+    slice: Arc<ModelSlice>,
+    assignment: Assignment,
+    carried: Option<Engine>,
+    comm: Box<dyn Collective>,
+) -> Result<(Active, Ready), ShardError> {
+    let epoch = assignment.epoch;
+    let (engine, kept) = match carried {
+        Some(engine) => engine.carry(epoch, &assignment.keep),
+        None => {
+            let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
+            let cache = slice.new_cache(budget)?;
+            (Engine::new(config.rank, epoch, cache), Vec::new())
+        }
+    };
+    let blocks = engine.num_blocks();
+    info!(epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
+    let ready = Ready {
+        epoch,
+        kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+        block_size: engine.block_size() as u32,
+        weight_bytes: slice.weight_bytes() as u64,
+        kept,
+    };
+    Ok((
+        Active {
+            term: assignment.term,
+            comm,
+            engine,
+        },
+        ready,
+    ))
+}
