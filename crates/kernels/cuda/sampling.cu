@@ -44,7 +44,8 @@ __device__ float threshold(
     return lo;
 }
 
-extern "C" __global__ void sample_rows(
+// Launched with 1024 threads a block: the bound keeps NVRTC within the registers that allows.
+extern "C" __global__ __launch_bounds__(1024) void sample_rows(
     unsigned int* out,
     const float* logits,
     unsigned int vocab,

@@ -140,11 +140,12 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
         peak / 1e9
     );
-    println!("  batch  ms/step  tokens/s  launches/step  GB/s  of peak");
-    for batch in BATCHES {
+    println!("  batch  mode    ms/step  tokens/s  launches/step  GB/s  of peak");
+    for (batch, graphs) in BATCHES.iter().flat_map(|&b| [(b, false), (b, true)]) {
         let per_seq = (CONTEXT + steps + 1).div_ceil(layout.block_size);
         let budget = batch * per_seq * layout.block_size * per_position;
         let mut kv = model.new_cache(budget).unwrap();
+        kv.set_graphs(graphs);
         let tables: Vec<Vec<u32>> = (0..batch)
             .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
             .collect();
@@ -176,7 +177,8 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
                 .forward_batch(&chunks, &mut kv, &mut Solo::default())
                 .unwrap();
         };
-        step(CONTEXT); // warm-up: cuBLAS picks its kernels, the scratch is allocated
+        // Warm-up: cuBLAS picks its kernels, the scratch is allocated, the graph captured.
+        step(CONTEXT);
         let started = Instant::now();
         for i in 1..=steps {
             step(CONTEXT + i);
@@ -185,11 +187,15 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
         let kv_bytes = batch * (CONTEXT + steps / 2) * per_position;
         let bytes = (model.weight_bytes_per_step() + kv_bytes) as f64;
         let rate = bytes / per_step;
+        let launches = match kv.last_graph_kernels() {
+            0 => format!("{}", kv.last_launches()),
+            kernels => format!("1 ({kernels} in graph)"),
+        };
         println!(
-            "  {batch:>5}  {:>7.3}  {:>8.0}  {:>13}  {:>4.0}  {:>6.1}%",
+            "  {batch:>5}  {:<6}  {:>7.3}  {:>8.0}  {launches:>13}  {:>4.0}  {:>6.1}%",
+            if graphs { "graph" } else { "eager" },
             per_step * 1e3,
             batch as f64 / per_step,
-            kv.last_launches(),
             rate / 1e9,
             100.0 * rate / peak
         );

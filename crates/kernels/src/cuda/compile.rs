@@ -143,9 +143,21 @@ impl PtxCache {
             message,
         };
         std::fs::create_dir_all(&self.dir).map_err(|e| failed(e.to_string()))?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // One temporary name per process and call: threads of one process may store the
+        // same entry at once.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         std::fs::write(&tmp, ptx).map_err(|e| failed(e.to_string()))?;
-        std::fs::rename(&tmp, path).map_err(|e| failed(e.to_string()))
+        match std::fs::rename(&tmp, path) {
+            Ok(()) => Ok(()),
+            // Another writer put the same entry there first.
+            Err(_) if path.is_file() => {
+                let _ = std::fs::remove_file(&tmp);
+                Ok(())
+            }
+            Err(e) => Err(failed(e.to_string())),
+        }
     }
 }
 

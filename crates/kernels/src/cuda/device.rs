@@ -49,6 +49,11 @@ impl CudaDevice {
         }
         let failed = |message: String| CudaError::Device { ordinal, message };
         let ctx = CudaContext::new(ordinal).map_err(|e| failed(e.to_string()))?;
+        // SAFETY: Tessera runs each model's work on one stream of its own (kernels, cuBLAS,
+        // copies and NCCL alike), and no buffer is shared between streams, so cudarc's
+        // cross-stream events are not needed; without them a stream can be captured into
+        // a CUDA graph (a capture may not wait on events recorded outside it).
+        unsafe { ctx.disable_event_tracking() };
         let capability = ctx
             .compute_capability()
             .map_err(|e| failed(e.to_string()))?;

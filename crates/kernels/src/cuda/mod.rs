@@ -11,6 +11,7 @@
 //! - [`compile`]: NVRTC → PTX, and the on-disk PTX cache.
 //! - [`device`]: a device opened, its kernels loaded.
 //! - [`gemm`]: bf16 GEMMs through cuBLAS.
+//! - [`graph`]: CUDA graphs — launches captured once, replayed with one launch.
 //! - [`ops`]: typed launches, each checking its buffers against the shape it is given.
 //!
 //! Every kernel has a CPU twin (named in its file's header comment); the GPU check
@@ -19,6 +20,7 @@
 pub mod compile;
 pub mod device;
 pub mod gemm;
+pub mod graph;
 pub mod ops;
 pub mod source;
 
@@ -26,6 +28,7 @@ pub use compile::{PtxCache, compile_family, nvrtc_version};
 pub use cudarc::driver::{CudaSlice, CudaStream};
 pub use device::CudaDevice;
 pub use gemm::Blas;
+pub use graph::Graph;
 pub use ops::{AttentionIndex, Ops, Slots};
 pub use source::{FAMILIES, KernelFamily};
 

@@ -389,6 +389,51 @@ impl<'a> Ops<'a> {
         })
     }
 
+    /// Refills `slots` (the same count) for another pass of a captured graph.
+    pub fn update_slots(&self, slots: &mut Slots, host: &[i64]) -> Result<(), CudaError> {
+        check("updated slots", slots.slots.len(), host.len())?;
+        if let Some(&bad) = host.iter().find(|&&s| s >= slots.capacity as i64) {
+            return Err(CudaError::Shape {
+                what: "kv_write slot (below the cache's slots)",
+                expected: slots.capacity,
+                actual: bad as usize,
+            });
+        }
+        self.copy_to_device(host, &mut slots.slots)
+    }
+
+    /// Refills the block tables and contexts of `index` (the same queries, one table row
+    /// each, `query_seq` unchanged) for another pass of a captured graph. Contexts must fit
+    /// the partitions the index was made with.
+    pub fn update_attention_index(
+        &self,
+        index: &mut AttentionIndex,
+        tables: &[u32],
+        contexts: &[u32],
+        block_size: usize,
+    ) -> Result<(), CudaError> {
+        check("updated tables", index.tables.len(), tables.len())?;
+        check("updated contexts", index.contexts.len(), contexts.len())?;
+        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= index.cache_blocks) {
+            return Err(CudaError::Shape {
+                what: "attention block id (below the cache's blocks)",
+                expected: index.cache_blocks,
+                actual: bad as usize,
+            });
+        }
+        let reach = (index.max_blocks * block_size).min(index.partitions * ATTENTION_PART);
+        let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
+        if longest > reach || contexts.contains(&0) {
+            return Err(CudaError::Shape {
+                what: "attention context (1 ..= the index's reach)",
+                expected: reach,
+                actual: longest,
+            });
+        }
+        self.copy_to_device(tables, &mut index.tables)?;
+        self.copy_to_device(contexts, &mut index.contexts)
+    }
+
     /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim), split
     /// into partitions of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
     pub fn paged_attention(
@@ -670,6 +715,10 @@ impl<'a> Ops<'a> {
         self.stream
             .clone_dtoh(dev)
             .map_err(|e| self.driver_error("copying to the host", e))
+    }
+
+    pub(crate) fn device_error(&self, what: &str, e: cudarc::driver::DriverError) -> CudaError {
+        self.driver_error(what, e)
     }
 
     fn driver_error(&self, what: &str, e: cudarc::driver::DriverError) -> CudaError {

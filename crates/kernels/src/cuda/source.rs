@@ -60,7 +60,8 @@ mod tests {
         for family in FAMILIES {
             for entry in family.entries {
                 assert!(seen.insert(*entry), "{entry} in two families");
-                let definition = format!("__global__ void {entry}(");
+                let definition = format!(" void {entry}(");
+                assert!(family.code.contains("__global__"), "{}", family.file);
                 assert_eq!(
                     family.code.matches(&definition).count(),
                     1,

@@ -19,6 +19,8 @@ pub struct DeviceKv {
     pub(crate) k: Vec<CudaSlice<u16>>,
     pub(crate) v: Vec<CudaSlice<u16>>,
     pub(crate) scratch: Option<Box<Scratch>>,
+    /// Captured decode passes over this cache.
+    pub(crate) graphs: super::graph::DecodeGraphs,
     /// Kernel launches of the last pass (cuBLAS calls counted one each).
     pub(crate) last_launches: u64,
 }
@@ -66,6 +68,7 @@ impl DeviceKv {
             k,
             v,
             scratch: None,
+            graphs: super::graph::DecodeGraphs::from_env(),
             last_launches: 0,
         })
     }
@@ -78,7 +81,7 @@ impl DeviceKv {
         self.num_blocks
     }
 
-    /// Kernel launches of the last forward pass.
+    /// Kernel launches of the last forward pass (1 when it replayed a graph).
     pub fn last_launches(&self) -> u64 {
         self.last_launches
     }

@@ -13,6 +13,7 @@
 //! between GPU shards, which lets tp > 1 run on one GPU.
 
 mod batch;
+mod graph;
 mod kv;
 mod weights;
 
@@ -20,7 +21,7 @@ use std::sync::Arc;
 
 use tessera_comm::Collective;
 use tessera_kernels::attention::KvLayout;
-use tessera_kernels::cuda::{Blas, CudaDevice, CudaSlice, CudaStream, Ops};
+use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStream, Ops, Slots};
 use tessera_kernels::rope::RopePairing;
 use tracing::info;
 
@@ -253,26 +254,42 @@ impl CudaLlama {
             });
         }
         let ops = self.ops();
-        let widths = Widths {
-            hidden: c.hidden_size,
-            q: self.heads * c.head_dim,
-            kv: self.kv_heads * c.head_dim,
-            inter: self.sharding.plan.mlp_rows.len(),
-        };
+        if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm)? {
+            return self.sharding.gather_logits(&rows, ix.wanted.len(), comm);
+        }
+        let widths = self.widths();
         let mut s = match kv.scratch.take() {
             Some(s) if s.tokens == n && s.widths == widths => s,
             _ => Box::new(Scratch::new(&ops, n, widths)?),
         };
-        let result = self.run_layers(&ops, &ix, &mut s, kv, comm);
+        let result = self.eager(&ops, &ix, &mut s, kv, comm);
         kv.scratch = Some(s);
         kv.last_launches = ops.launches();
         let normed = result?;
+        if ix.wanted.is_empty() {
+            return Ok(Vec::new());
+        }
         let logits = self.logits(&ops, &normed, ix.wanted.len())?;
         self.sharding.gather_logits(&logits, ix.wanted.len(), comm)
     }
 
-    /// Every layer over the batch; returns the final-normed rows of the wanted tokens.
-    fn run_layers(
+    fn widths(&self) -> Widths {
+        let c = &self.config;
+        Widths {
+            hidden: c.hidden_size,
+            q: self.heads * c.head_dim,
+            kv: self.kv_heads * c.head_dim,
+            inter: self.sharding.plan.mlp_rows.len(),
+        }
+    }
+
+    /// The LM head: this rank's vocabulary rows (the embedding's when tied).
+    fn head(&self) -> &DeviceLinear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The batch launched kernel by kernel; the final-normed rows of the wanted tokens.
+    fn eager(
         &self,
         ops: &Ops<'_>,
         ix: &BatchIndex,
@@ -280,9 +297,8 @@ impl CudaLlama {
         kv: &mut DeviceKv,
         comm: &mut dyn Collective,
     ) -> Result<Option<CudaSlice<f32>>, ModelError> {
-        let c = &self.config;
-        let eps = c.rms_norm_eps;
         let layout = kv.layout();
+        self.check_layout(layout)?;
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
         ops.copy_to_device(&ix.positions, &mut s.positions)?;
         let slots = ops.slots(&ix.slots, kv.num_blocks() * layout.block_size)?;
@@ -295,6 +311,45 @@ impl CudaLlama {
             kv.num_blocks(),
             self.heads,
         )?;
+        self.pass(ops, s, &slots, &mut index, kv, comm)?;
+        if ix.wanted.is_empty() {
+            return Ok(None);
+        }
+        let hidden = self.config.hidden_size;
+        let mut normed = ops.alloc::<f32>(ix.wanted.len() * hidden)?;
+        ops.gather_rows(&mut normed, &s.h, &ix.wanted, hidden)?;
+        Ok(Some(normed))
+    }
+
+    /// Refuses a cache laid out for other heads than this rank's.
+    fn check_layout(&self, layout: KvLayout) -> Result<(), ModelError> {
+        let want = self.kv_layout();
+        if (layout.kv_heads, layout.head_dim) != (want.kv_heads, want.head_dim) {
+            return Err(ModelError::Plan {
+                message: format!(
+                    "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
+                    layout.kv_heads, layout.head_dim, want.kv_heads, want.head_dim
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Every layer over the batch, from the embedding of `s.ids` to the final norm (in
+    /// `s.h`). Launches only: no allocation, no copy between host and device unless a
+    /// collective stages through the host, so a decode pass can be captured in a graph.
+    fn pass(
+        &self,
+        ops: &Ops<'_>,
+        s: &mut Scratch,
+        slots: &Slots,
+        index: &mut AttentionIndex,
+        kv: &mut DeviceKv,
+        comm: &mut dyn Collective,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps;
+        let layout = kv.layout();
         let table = self
             .embed
             .table()
@@ -329,8 +384,8 @@ impl CudaLlama {
                 self.kv_heads,
                 self.pairing,
             )?;
-            ops.kv_write(&mut kv.k[l], &mut kv.v[l], &s.k, &s.v, &slots, s.widths.kv)?;
-            ops.paged_attention(&mut s.attn, &s.q, (&kv.k[l], &kv.v[l]), layout, &mut index)?;
+            ops.kv_write(&mut kv.k[l], &mut kv.v[l], &s.k, &s.v, slots, s.widths.kv)?;
+            ops.paged_attention(&mut s.attn, &s.q, (&kv.k[l], &kv.v[l]), layout, index)?;
             ops.round_bf16(&mut s.attn16, &s.attn)?;
             let attn = Input {
                 f32: &s.attn,
@@ -362,12 +417,7 @@ impl CudaLlama {
             &self.final_norm,
             eps,
         )?;
-        if ix.wanted.is_empty() {
-            return Ok(None);
-        }
-        let mut normed = ops.alloc::<f32>(ix.wanted.len() * c.hidden_size)?;
-        ops.gather_rows(&mut normed, &s.h, &ix.wanted, c.hidden_size)?;
-        Ok(Some(normed))
+        Ok(())
     }
 
     /// This rank's vocabulary rows of the logits of the `n` normed rows, on the host.
@@ -380,7 +430,7 @@ impl CudaLlama {
         let Some(normed) = normed else {
             return Ok(Vec::new());
         };
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let head = self.head();
         let mut normed16 = ops.alloc::<u16>(normed.len())?;
         ops.round_bf16(&mut normed16, normed)?;
         let mut rows = ops.alloc::<f32>(n * head.rows)?;
