@@ -32,27 +32,25 @@ done
 export LD_LIBRARY_PATH="${links}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "== the device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# Runs the prepared binary .gpu/$1 with the arguments after --, or builds and runs the
+# same with cargo (the arguments before --) where it was not prepared.
+run() {
+    local name="$1"; shift
+    local cargo_args=() bin_args=()
+    while [[ $# -gt 0 && "$1" != "--" ]]; do cargo_args+=("$1"); shift; done
+    [[ $# -gt 0 ]] && shift
+    bin_args=("$@")
+    if [[ -x ".gpu/$name" ]]; then
+        ".gpu/$name" "${bin_args[@]}"
+    else
+        cargo "${cargo_args[@]}" -- "${bin_args[@]}"
+    fi
+}
 echo "== each kernel against its CPU twin"
-if [[ -x .gpu/kernels-gpu ]]; then
-    .gpu/kernels-gpu --test-threads=1 --nocapture
-else
-    cargo test --release --offline -p tessera-kernels --test gpu -- --test-threads=1 --nocapture
-fi
+run kernels-gpu test --release --offline -p tessera-kernels --test gpu -- --test-threads=1 --nocapture
 echo "== a one-rank NCCL group"
-if [[ -x .gpu/nccl-gpu ]]; then
-    .gpu/nccl-gpu --nocapture
-else
-    cargo test --release --offline -p tessera-comm --test nccl_gpu -- --nocapture
-fi
+run nccl-gpu test --release --offline -p tessera-comm --test nccl_gpu -- --nocapture
 echo "== the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
-if [[ -x .gpu/model-gpu ]]; then
-    .gpu/model-gpu --test-threads=1 --nocapture
-else
-    cargo test --release --offline -p tessera-model --test cuda_model -- --test-threads=1 --nocapture
-fi
+run model-gpu test --release --offline -p tessera-model --test cuda_model -- --test-threads=1 --nocapture
 echo "== decode throughput"
-if [[ -x .gpu/cuda-decode ]]; then
-    .gpu/cuda-decode
-else
-    cargo bench --offline -p tessera-model --bench cuda_decode
-fi
+run cuda-decode bench --offline -p tessera-model --bench cuda_decode --

@@ -554,16 +554,7 @@ impl Llama {
 
     /// Refuses a KV cache laid out for other heads than this rank's.
     fn check_layout(&self, layout: KvLayout) -> Result<(), ModelError> {
-        let want = self.kv_layout(layout.block_size);
-        if layout != want {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
-                    layout.kv_heads, layout.head_dim, want.kv_heads, want.head_dim
-                ),
-            });
-        }
-        Ok(())
+        check_kv_layout(self.kv_layout(layout.block_size), layout)
     }
 
     /// Vocabulary-parallel lookup: this rank's rows, zeros elsewhere, summed over the group.
@@ -699,6 +690,19 @@ pub(crate) fn check_chunk(
             message: format!(
                 "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
                 chunk.block_table.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a KV cache whose heads (`got`) are not the rank's (`want`): K/V would scramble.
+pub(crate) fn check_kv_layout(want: KvLayout, got: KvLayout) -> Result<(), ModelError> {
+    if (got.kv_heads, got.head_dim) != (want.kv_heads, want.head_dim) {
+        return Err(ModelError::Plan {
+            message: format!(
+                "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
+                got.kv_heads, got.head_dim, want.kv_heads, want.head_dim
             ),
         });
     }

@@ -12,7 +12,7 @@ use cudarc::cublas::{CudaBlas, result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::CudaError;
-use super::ops::Ops;
+use super::ops::{Ops, check};
 
 /// Whether libcublas can be loaded.
 pub fn cublas_present() -> bool {
@@ -57,18 +57,7 @@ impl Blas {
         xs: &CudaSlice<u16>,
         (rows, cols): (usize, usize),
     ) -> Result<(), CudaError> {
-        let shape = |what: &'static str, expected: usize, actual: usize| {
-            if expected == actual {
-                Ok(())
-            } else {
-                Err(CudaError::Shape {
-                    what,
-                    expected,
-                    actual,
-                })
-            }
-        };
-        shape("gemm weight", rows * cols, w.len())?;
+        check("gemm weight", rows * cols, w.len())?;
         if cols == 0 || !xs.len().is_multiple_of(cols) {
             return Err(CudaError::Shape {
                 what: "gemm input (whole rows)",
@@ -77,7 +66,7 @@ impl Blas {
             });
         }
         let tokens = xs.len() / cols;
-        shape("gemm output", tokens * rows, ys.len())?;
+        check("gemm output", tokens * rows, ys.len())?;
         let int = |what: &'static str, n: usize| {
             i32::try_from(n).map_err(|_| CudaError::Shape {
                 what,

@@ -49,7 +49,8 @@ pub struct Ops<'a> {
     launches: std::cell::Cell<u64>,
 }
 
-fn check(what: &'static str, expected: usize, actual: usize) -> Result<(), CudaError> {
+/// `actual` must be `expected`: a [`CudaError::Shape`] naming `what` otherwise.
+pub(crate) fn check(what: &'static str, expected: usize, actual: usize) -> Result<(), CudaError> {
     if expected == actual {
         Ok(())
     } else {

@@ -28,7 +28,7 @@ use tracing::info;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
-use crate::llama::{Linear, Llama, Sharding, check_chunk};
+use crate::llama::{Linear, Llama, Sharding, check_chunk, check_kv_layout};
 use batch::BatchIndex;
 pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
 use kv::{Scratch, Widths};
@@ -298,7 +298,7 @@ impl CudaLlama {
         comm: &mut dyn Collective,
     ) -> Result<Option<CudaSlice<f32>>, ModelError> {
         let layout = kv.layout();
-        self.check_layout(layout)?;
+        check_kv_layout(self.kv_layout(), layout)?;
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
         ops.copy_to_device(&ix.positions, &mut s.positions)?;
         let slots = ops.slots(&ix.slots, kv.num_blocks() * layout.block_size)?;
@@ -319,20 +319,6 @@ impl CudaLlama {
         let mut normed = ops.alloc::<f32>(ix.wanted.len() * hidden)?;
         ops.gather_rows(&mut normed, &s.h, &ix.wanted, hidden)?;
         Ok(Some(normed))
-    }
-
-    /// Refuses a cache laid out for other heads than this rank's.
-    fn check_layout(&self, layout: KvLayout) -> Result<(), ModelError> {
-        let want = self.kv_layout();
-        if (layout.kv_heads, layout.head_dim) != (want.kv_heads, want.head_dim) {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
-                    layout.kv_heads, layout.head_dim, want.kv_heads, want.head_dim
-                ),
-            });
-        }
-        Ok(())
     }
 
     /// Every layer over the batch, from the embedding of `s.ids` to the final norm (in
