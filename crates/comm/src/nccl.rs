@@ -23,6 +23,9 @@ use crate::collective::{Collective, CollectiveError, CollectiveStats, Op};
 /// Bytes of an NCCL unique id.
 pub const ID_BYTES: usize = 128;
 
+/// How long the first collective of a new group may take (NCCL connects then).
+pub const JOIN_DEADLINE: Duration = Duration::from_secs(60);
+
 /// How often a waiting collective looks at its stream.
 const POLL: Duration = Duration::from_micros(20);
 
@@ -97,7 +100,10 @@ unsafe impl Send for NcclGroup {}
 
 impl NcclGroup {
     /// Joins the group of `world` ranks that `id` names, as `rank`, on `stream`. Blocks
-    /// until every rank has joined (NCCL's initialization has no timeout of its own).
+    /// until every rank has joined (NCCL's initialization has no timeout of its own: a
+    /// shard runs this on a thread of its own, see `tessera_shard`'s `assign`), then runs
+    /// one all-reduce under [`JOIN_DEADLINE`], so that NCCL's connections, set up at the
+    /// first collective, are in place before the group's deadline applies.
     pub fn join(
         stream: Arc<CudaStream>,
         rank: Rank,
@@ -117,14 +123,26 @@ impl NcclGroup {
                     message: format!("{e:?}"),
                 }
             })?;
-        Ok(NcclGroup {
+        let mut group = NcclGroup {
             comm: Some(comm),
             stream,
             rank,
             world,
-            deadline,
+            deadline: deadline.max(JOIN_DEADLINE),
             stats: CollectiveStats::default(),
-        })
+        };
+        let mut one = group
+            .stream
+            .clone_htod(&[0.0f32])
+            .map_err(|e| NcclError::Nccl {
+                rank,
+                op: "join",
+                message: e.to_string(),
+            })?;
+        group.all_reduce_sum(&mut one)?;
+        group.deadline = deadline;
+        group.stats = CollectiveStats::default();
+        Ok(group)
     }
 
     pub fn rank(&self) -> Rank {
@@ -137,11 +155,13 @@ impl NcclGroup {
 
     /// Sums `buf` over the ranks, in place.
     pub fn all_reduce_sum(&mut self, buf: &mut CudaSlice<f32>) -> Result<(), NcclError> {
-        let rank = self.rank;
-        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
-        comm.all_reduce_in_place(buf, &ReduceOp::Sum)
-            .map_err(|e| nccl_error(rank, "all-reduce", e))?;
-        self.wait("all-reduce")
+        self.counted(buf.len() * 4, |g| {
+            let rank = g.rank;
+            let comm = g.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+            comm.all_reduce_in_place(buf, &ReduceOp::Sum)
+                .map_err(|e| nccl_error(rank, "all-reduce", e))?;
+            g.wait("all-reduce")
+        })
     }
 
     /// Every rank's `input`, in rank order, into `output` (world × input's length).
@@ -163,10 +183,12 @@ impl NcclGroup {
                 ),
             });
         }
-        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
-        comm.all_gather(input, output)
-            .map_err(|e| nccl_error(rank, "all-gather", e))?;
-        self.wait("all-gather")
+        self.counted(input.len() * 4, |g| {
+            let comm = g.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+            comm.all_gather(input, output)
+                .map_err(|e| nccl_error(rank, "all-gather", e))?;
+            g.wait("all-gather")
+        })
     }
 
     /// `root`'s `buf` onto every rank, in place.
@@ -175,11 +197,13 @@ impl NcclGroup {
         buf: &mut CudaSlice<T>,
         root: Rank,
     ) -> Result<(), NcclError> {
-        let rank = self.rank;
-        let comm = self.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
-        comm.broadcast_in_place(buf, root.0 as i32)
-            .map_err(|e| nccl_error(rank, "broadcast", e))?;
-        self.wait("broadcast")
+        self.counted(buf.len() * size_of::<T>(), |g| {
+            let rank = g.rank;
+            let comm = g.comm.as_ref().ok_or(NcclError::Aborted { rank })?;
+            comm.broadcast_in_place(buf, root.0 as i32)
+                .map_err(|e| nccl_error(rank, "broadcast", e))?;
+            g.wait("broadcast")
+        })
     }
 
     /// Waits for the stream's work so far, aborting the communicator at the deadline.
@@ -282,12 +306,10 @@ impl Collective for NcclGroup {
     }
 
     fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
-        self.counted(data.len() * 4, |g| {
-            let op = Op::AllReduce;
-            let mut dev = g.upload(op, data)?;
-            NcclGroup::all_reduce_sum(g, &mut dev).map_err(|e| collective_error(op, e))?;
-            g.download(op, &dev, data)
-        })
+        let op = Op::AllReduce;
+        let mut dev = self.upload(op, data)?;
+        NcclGroup::all_reduce_sum(self, &mut dev).map_err(|e| collective_error(op, e))?;
+        self.download(op, &dev, data)
     }
 
     fn all_gather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), CollectiveError> {
@@ -298,32 +320,26 @@ impl Collective for NcclGroup {
                 detail: format!("{} ranks × {} values", self.world, input.len()),
             });
         }
-        self.counted(input.len() * 4, |g| {
-            let op = Op::AllGather;
-            let dev_in = g.upload(op, input)?;
-            let mut dev_out = g.upload(op, output)?;
-            NcclGroup::all_gather(g, &dev_in, &mut dev_out).map_err(|e| collective_error(op, e))?;
-            g.download(op, &dev_out, output)
-        })
+        let op = Op::AllGather;
+        let dev_in = self.upload(op, input)?;
+        let mut dev_out = self.upload(op, output)?;
+        NcclGroup::all_gather(self, &dev_in, &mut dev_out).map_err(|e| collective_error(op, e))?;
+        self.download(op, &dev_out, output)
     }
 
     fn broadcast(&mut self, data: &mut [u8], root: Rank) -> Result<(), CollectiveError> {
-        self.counted(data.len(), |g| {
-            let op = Op::Broadcast;
-            let mut dev = g.upload(op, data)?;
-            NcclGroup::broadcast(g, &mut dev, root).map_err(|e| collective_error(op, e))?;
-            g.download(op, &dev, data)
-        })
+        let op = Op::Broadcast;
+        let mut dev = self.upload(op, data)?;
+        NcclGroup::broadcast(self, &mut dev, root).map_err(|e| collective_error(op, e))?;
+        self.download(op, &dev, data)
     }
 
     fn barrier(&mut self) -> Result<(), CollectiveError> {
+        let op = Op::Barrier;
         let mut one = [0.0f32];
-        self.counted(0, |g| {
-            let op = Op::Barrier;
-            let mut dev = g.upload(op, &one)?;
-            NcclGroup::all_reduce_sum(g, &mut dev).map_err(|e| collective_error(op, e))?;
-            g.download(op, &dev, &mut one)
-        })
+        let mut dev = self.upload(op, &one)?;
+        NcclGroup::all_reduce_sum(self, &mut dev).map_err(|e| collective_error(op, e))?;
+        self.download(op, &dev, &mut one)
     }
 
     fn stats(&self) -> CollectiveStats {

@@ -37,6 +37,7 @@ fn a_one_rank_group_reduces_gathers_and_broadcasts() {
     let mut wrong = stream.alloc_zeros::<f32>(values.len() + 1).expect("alloc");
     assert!(group.all_gather(&buf, &mut wrong).is_err());
     // The host-memory path (the `Collective` trait), as a shard's engine uses it.
+    assert_eq!(group.stats().calls, 3, "the device calls are counted");
     let comm: &mut dyn Collective = &mut group;
     let mut host = values.clone();
     comm.all_reduce_sum(&mut host).expect("host all-reduce");
@@ -48,7 +49,7 @@ fn a_one_rank_group_reduces_gathers_and_broadcasts() {
     comm.all_gather(&values, &mut out).expect("host all-gather");
     assert_eq!(out, values);
     comm.barrier().expect("barrier");
-    assert_eq!(comm.stats().calls, 4);
+    assert_eq!(comm.stats().calls, 7);
     assert!(comm.nccl().is_some(), "the device path is offered");
     eprintln!(
         "one-rank NCCL group: all-reduce, broadcast and all-gather of 1000 values ok, on the device and through the host"

@@ -37,14 +37,9 @@ extern "C" __global__ void paged_attention_partition(
     const size_t slot = ((size_t)query * q_heads + head) * partitions + part;
     const unsigned int context = context_lens[query];
     const unsigned int start = part * PART;
+    // Past this query's context: nothing to do (the reduce reads only the partitions a
+    // context uses; a decode graph launches every partition of its longest context).
     if (start >= context) {
-        if (threadIdx.x == 0) {
-            part_max[slot] = -INFINITY;
-            part_sum[slot] = 0.0f;
-        }
-        for (unsigned int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            part_out[slot * head_dim + d] = 0.0f;
-        }
         return;
     }
     const unsigned int n = min(PART, context - start);

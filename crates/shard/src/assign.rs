@@ -1,18 +1,22 @@
 //! Taking an assignment: load the slice (once, kept across epochs), join the epoch's
 //! collective, and size the KV cache or carry the last epoch's.
 //!
-//! An NCCL group joins in two steps. Rank 0 makes the communicator's unique id, sends it
-//! to the coordinator ([`ShardMsg::NcclId`]) and joins; every other rank loads, then waits
-//! ([`Joined::AwaitingId`]) until the coordinator relays the id, and joins with it. NCCL's
-//! join blocks until every rank has joined.
+//! An NCCL group joins in steps. Rank 0 makes the communicator's unique id, sends it to
+//! the coordinator ([`ShardMsg::NcclId`]) and joins; every other rank loads, then waits
+//! until the coordinator relays the id, and joins with it. NCCL's join blocks until every
+//! rank has joined and has no timeout, so it runs on a thread of its own that reports
+//! through the worker's command channel ([`Command::Joined`]): the compute thread stays
+//! free to take a newer assignment if the group fails meanwhile (the stale join's result
+//! is then dropped, which aborts its communicator).
 
 use std::sync::Arc;
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use tessera_comm::Collective;
 use tessera_comm::collective::connect::connect;
 use tessera_comm::collective::{CollectiveConfig, CollectiveError, Op};
-use tessera_comm::nccl::{ID_BYTES, NcclGroup, unique_id};
+use tessera_comm::nccl::{ID_BYTES, NcclError, NcclGroup, unique_id};
 use tessera_comm::proto::{Assignment, Bootstrap, Ready, ShardMsg};
 use tessera_model::llama::LoadProgress;
 use tessera_model::loader;
@@ -23,7 +27,7 @@ use tracing::info;
 
 use crate::engine::Engine;
 use crate::error::ShardError;
-use crate::worker::WorkerConfig;
+use crate::worker::{Command, WorkerConfig};
 
 /// How often loading progress is reported.
 const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -35,17 +39,27 @@ pub(crate) struct Active {
     pub(crate) engine: Engine,
 }
 
-/// An NCCL assignment of a rank other than 0, loaded, waiting for rank 0's id.
-pub(crate) struct AwaitingId {
+/// Where an NCCL assignment stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Rank > 0: waiting for rank 0's id.
+    AwaitingId,
+    /// The join runs on its own thread.
+    Joining,
+}
+
+/// An NCCL assignment, loaded, not joined yet.
+pub(crate) struct PendingNccl {
     pub(crate) assignment: Assignment,
     pub(crate) carried: Option<Engine>,
+    pub(crate) stage: Stage,
     model: Arc<ModelSlice>,
 }
 
 /// What taking an assignment came to.
 pub(crate) enum Joined {
     Ready((Active, Ready)),
-    AwaitingId(AwaitingId),
+    Pending(PendingNccl),
 }
 
 /// Loads the slice (once), then joins the assignment's collective, or waits for the NCCL
@@ -56,22 +70,26 @@ pub(crate) fn assign(
     assignment: Assignment,
     carried: Option<Engine>,
     events: &UnboundedSender<ShardMsg>,
+    joins: &Sender<Command>,
 ) -> Result<Joined, ShardError> {
     let slice = load_once(config, model, assignment.epoch, events)?;
     match assignment.bootstrap {
-        Bootstrap::Nccl if config.rank != Rank(0) => Ok(Joined::AwaitingId(AwaitingId {
-            assignment,
-            carried,
-            model: slice,
-        })),
         Bootstrap::Nccl => {
+            let pending = PendingNccl {
+                assignment,
+                carried,
+                stage: Stage::AwaitingId,
+                model: slice,
+            };
+            if config.rank != Rank(0) {
+                return Ok(Joined::Pending(pending));
+            }
             let id = unique_id().map_err(|e| e.in_op(Op::Connect))?;
             let _ = events.send(ShardMsg::NcclId {
-                epoch: assignment.epoch,
+                epoch: pending.assignment.epoch,
                 id: id.to_vec(),
             });
-            let comm = join_nccl(config, &slice, &assignment, &id)?;
-            finish(config, slice, assignment, carried, comm).map(Joined::Ready)
+            pending.join(config, &id, joins).map(Joined::Pending)
         }
         _ => {
             let comm = connect(
@@ -86,20 +104,58 @@ pub(crate) fn assign(
     }
 }
 
-impl AwaitingId {
-    /// Joins the NCCL group with the id rank 0 made.
+impl PendingNccl {
+    /// Starts joining the group with `id` (rank 0's) on a thread of its own; its result
+    /// comes back as [`Command::Joined`].
     pub(crate) fn join(
-        self,
+        mut self,
         config: &WorkerConfig,
         id: &[u8],
-    ) -> Result<(Active, Ready), ShardError> {
+        joins: &Sender<Command>,
+    ) -> Result<PendingNccl, ShardError> {
         let id: [u8; ID_BYTES] = id.try_into().map_err(|_| CollectiveError::BadLength {
             op: Op::Connect,
             len: id.len(),
             detail: format!("an NCCL unique id is {ID_BYTES} bytes"),
         })?;
-        let comm = join_nccl(config, &self.model, &self.assignment, &id)?;
-        finish(config, self.model, self.assignment, self.carried, comm)
+        let stream = self
+            .model
+            .cuda_stream()
+            .ok_or_else(|| CollectiveError::Io {
+                op: Op::Connect,
+                message: "NCCL needs a cuda device; this shard runs on the cpu".into(),
+            })?;
+        let (rank, world, epoch) = (config.rank, config.tp, self.assignment.epoch);
+        let deadline = collective_config(&self.assignment).deadline;
+        let joins = joins.clone();
+        std::thread::Builder::new()
+            .name("nccl-join".into())
+            .spawn(move || {
+                let group = NcclGroup::join(stream, rank, world, &id, deadline);
+                let _ = joins.send(Command::Joined { epoch, group });
+            })
+            .map_err(|e| CollectiveError::Io {
+                op: Op::Connect,
+                message: format!("starting the NCCL join: {e}"),
+            })?;
+        self.stage = Stage::Joining;
+        Ok(self)
+    }
+
+    /// The joined group: size or carry the cache and say `Ready`.
+    pub(crate) fn joined(
+        self,
+        config: &WorkerConfig,
+        group: Result<NcclGroup, NcclError>,
+    ) -> Result<(Active, Ready), ShardError> {
+        let group = group.map_err(|e| e.in_op(Op::Connect))?;
+        finish(
+            config,
+            self.model,
+            self.assignment,
+            self.carried,
+            Box::new(group),
+        )
     }
 }
 
@@ -108,24 +164,6 @@ fn collective_config(assignment: &Assignment) -> CollectiveConfig {
         deadline: Duration::from_millis(assignment.collective_deadline_ms),
         ..CollectiveConfig::default()
     }
-}
-
-/// Joins the NCCL group on the model's stream (so its collectives are ordered with the
-/// kernels).
-fn join_nccl(
-    config: &WorkerConfig,
-    slice: &ModelSlice,
-    assignment: &Assignment,
-    id: &[u8; ID_BYTES],
-) -> Result<Box<dyn Collective>, ShardError> {
-    let stream = slice.cuda_stream().ok_or_else(|| CollectiveError::Io {
-        op: Op::Connect,
-        message: "NCCL needs a cuda device; this shard runs on the cpu".into(),
-    })?;
-    let deadline = collective_config(assignment).deadline;
-    let group = NcclGroup::join(stream, config.rank, config.tp, id, deadline)
-        .map_err(|e| e.in_op(Op::Connect))?;
-    Ok(Box::new(group))
 }
 
 /// The slice, loaded on first use and kept for later epochs.

@@ -196,7 +196,7 @@ async fn held(commands: &mpsc::Sender<Command>) -> anyhow::Result<Vec<HeldSeq>> 
     let (reply, answer) = tokio::sync::oneshot::channel();
     commands
         .send(Command::Held(reply))
-        .context("the compute thread stopped")?;
+        .map_err(|_| anyhow::anyhow!("the compute thread stopped"))?;
     match tokio::time::timeout(HELD_TIMEOUT, answer).await {
         Ok(Ok(held)) => Ok(held),
         Ok(Err(_)) => bail!("the compute thread stopped"),
@@ -269,7 +269,9 @@ async fn serve(
                         return Ok(Ended::NotLeader(leader.map(PeerId)));
                     }
                 };
-                commands.send(command).context("the compute thread stopped")?;
+                commands
+                    .send(command)
+                    .map_err(|_| anyhow::anyhow!("the compute thread stopped"))?;
             }
             Some(peer) = leaders.recv() => {
                 if peer != link.peer {

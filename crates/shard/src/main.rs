@@ -119,7 +119,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
     };
     std::thread::Builder::new()
         .name("compute".into())
-        .spawn(move || worker::run(worker_config, command_rx, event_tx))
+        .spawn({
+            let joins = command_tx.clone();
+            move || worker::run(worker_config, command_rx, joins, event_tx)
+        })
         .context("starting the compute thread")?;
     let control = ControlConfig {
         group: group.name.clone(),

@@ -9,9 +9,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvError};
+use std::sync::mpsc::{Receiver, RecvError, Sender};
 use std::time::{Duration, Instant};
 
+use tessera_comm::nccl::{NcclError, NcclGroup};
 use tessera_comm::proto::{Assignment, HeldSeq, ShardMsg, StepDone, StepPlan, StepTimings};
 use tessera_kernels::cuda::CudaDevice;
 use tessera_model::slice::ModelSlice;
@@ -20,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, debug_span, warn};
 
-use crate::assign::{Active, AwaitingId, Joined, assign};
+use crate::assign::{Active, Joined, PendingNccl, Stage, assign};
 use crate::engine::Engine;
 use crate::error::ShardError;
 
@@ -36,6 +37,11 @@ pub enum Command {
     NcclId {
         epoch: u64,
         id: Vec<u8>,
+    },
+    /// An NCCL join (run on a thread of its own) ended.
+    Joined {
+        epoch: u64,
+        group: Result<NcclGroup, NcclError>,
     },
 }
 
@@ -73,11 +79,17 @@ impl TermFence {
 }
 
 /// Runs until the command channel closes.
-pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedSender<ShardMsg>) {
+/// `joins` sends into `commands`: NCCL joins report there.
+pub fn run(
+    config: WorkerConfig,
+    commands: Receiver<Command>,
+    joins: Sender<Command>,
+    events: UnboundedSender<ShardMsg>,
+) {
     let mut model: Option<Arc<ModelSlice>> = None;
     let mut active: Option<Active> = None;
-    // An NCCL assignment of rank > 0, waiting for rank 0's id.
-    let mut pending: Option<AwaitingId> = None;
+    // An NCCL assignment not joined yet.
+    let mut pending: Option<PendingNccl> = None;
     let mut last_step_end: Option<Instant> = None;
     let mut fence = TermFence::default();
     loop {
@@ -105,15 +117,28 @@ pub fn run(config: WorkerConfig, commands: Receiver<Command>, events: UnboundedS
                     .filter(|_| !assignment.keep.is_empty());
                 last_step_end = None;
                 let epoch = assignment.epoch;
-                let joined = assign(&config, &mut model, assignment, carried, &events);
+                let joined = assign(&config, &mut model, assignment, carried, &events, &joins);
                 settle(&config, joined, epoch, &mut active, &mut pending, &events);
             }
             Command::NcclId { epoch, id } => {
-                let Some(waiting) = pending.take_if(|p| p.assignment.epoch == epoch) else {
-                    debug!(epoch, "an NCCL id for no pending assignment");
+                let Some(waiting) = pending
+                    .take_if(|p| p.assignment.epoch == epoch && p.stage == Stage::AwaitingId)
+                else {
+                    debug!(epoch, "an NCCL id for no assignment waiting for one");
                     continue;
                 };
-                let joined = waiting.join(&config, &id).map(Joined::Ready);
+                let joined = waiting.join(&config, &id, &joins).map(Joined::Pending);
+                settle(&config, joined, epoch, &mut active, &mut pending, &events);
+            }
+            Command::Joined { epoch, group } => {
+                let Some(joining) =
+                    pending.take_if(|p| p.assignment.epoch == epoch && p.stage == Stage::Joining)
+                else {
+                    // A join the group gave up on: dropping it aborts its communicator.
+                    debug!(epoch, ok = group.is_ok(), "a stale NCCL join ended");
+                    continue;
+                };
+                let joined = joining.joined(&config, group).map(Joined::Ready);
                 settle(&config, joined, epoch, &mut active, &mut pending, &events);
             }
             Command::Held(reply) => {
@@ -205,7 +230,7 @@ fn settle(
     joined: Result<Joined, ShardError>,
     epoch: u64,
     active: &mut Option<Active>,
-    pending: &mut Option<AwaitingId>,
+    pending: &mut Option<PendingNccl>,
     events: &UnboundedSender<ShardMsg>,
 ) {
     match joined {
@@ -213,7 +238,7 @@ fn settle(
             *active = Some(next);
             let _ = events.send(ShardMsg::Ready(ready));
         }
-        Ok(Joined::AwaitingId(waiting)) => *pending = Some(waiting),
+        Ok(Joined::Pending(waiting)) => *pending = Some(waiting),
         Err(error) => {
             warn!(epoch, %error, "assignment failed");
             let error = error.to_wire(config.rank);

@@ -670,6 +670,26 @@ impl<'a> Ops<'a> {
             .map_err(|e| self.driver_error("allocating", e))
     }
 
+    /// The first `n` values of `dev` on the host (waits for the stream).
+    pub fn download_prefix<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        if n > dev.len() {
+            return Err(CudaError::Shape {
+                what: "downloaded prefix (within the buffer)",
+                expected: dev.len(),
+                actual: n,
+            });
+        }
+        let mut host = vec![T::default(); n];
+        self.stream
+            .memcpy_dtoh(&dev.slice(..n), &mut host)
+            .map_err(|e| self.driver_error("copying to the host", e))?;
+        Ok(host)
+    }
+
     /// Copies `host` into `dev` (the same length).
     pub fn copy_to_device<T: cudarc::driver::DeviceRepr>(
         &self,

@@ -4,8 +4,8 @@
 //!
 //! A graph bakes in its buffers' addresses and its launches' shapes, so each batch size
 //! (rounded up to [`GRAPH_BATCHES`]) has buffers of its own, its block tables have room
-//! for the longest sequence the model takes, and its attention covers every partition
-//! of that length (partitions past a sequence's context return at once). Padding rows run
+//! for [`GRAPH_MAX_CONTEXT`] positions, and its attention launches every partition of
+//! that length (partitions past a sequence's context return at once). Padding rows run
 //! token 0 at position 0 with no KV write and are dropped. Graphs apply with tp = 1 (a
 //! collective through the host cannot be captured); a batch they do not fit, or a capture
 //! that fails, runs eagerly.
@@ -23,6 +23,11 @@ use crate::error::ModelError;
 
 /// Batch sizes that get a graph; a batch runs in the smallest that holds it.
 pub const GRAPH_BATCHES: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// The longest context a graph's block tables and attention partitions cover (or the
+/// model's, if shorter); a batch with a longer sequence runs eagerly. It bounds what a
+/// graph's buffers take (tables, partition scratch: batch × heads × 32 partitions).
+pub const GRAPH_MAX_CONTEXT: usize = 8192;
 
 /// One captured decode pass and the buffers it reads and writes.
 pub(crate) struct DecodeGraph {
@@ -71,6 +76,8 @@ impl DecodeGraphs {
 /// The host inputs of a decode batch padded to a graph's batch size.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct PaddedDecode {
+    /// Rows of the batch (the rest are padding).
+    pub(crate) rows: usize,
     pub(crate) tokens: Vec<u32>,
     pub(crate) positions: Vec<u32>,
     pub(crate) slots: Vec<i64>,
@@ -105,6 +112,7 @@ pub(crate) fn pad_decode(ix: &BatchIndex, batch: usize, max_blocks: usize) -> Op
     let mut slots = ix.slots.clone();
     slots.resize(batch, -1);
     Some(PaddedDecode {
+        rows: n,
         tokens: pad(&ix.tokens, 0),
         positions: pad(&ix.positions, 0),
         slots,
@@ -146,6 +154,7 @@ impl CudaLlama {
         let max_blocks = self
             .config
             .max_position_embeddings
+            .min(GRAPH_MAX_CONTEXT)
             .div_ceil(kv.layout().block_size)
             .min(kv.num_blocks());
         let Some(padded) = pad_decode(ix, batch, max_blocks) else {
@@ -158,11 +167,10 @@ impl CudaLlama {
         let result = self.replay(ops, &mut graphs, kv, batch, max_blocks, &padded);
         kv.graphs = graphs;
         let rows = result?;
-        kv.last_launches = 1;
-        Ok(rows.map(|mut rows| {
-            rows.truncate(n * self.head().rows);
-            rows
-        }))
+        if rows.is_some() {
+            kv.last_launches = 1;
+        }
+        Ok(rows)
     }
 
     fn replay(
@@ -199,7 +207,8 @@ impl CudaLlama {
         ops.update_attention_index(&mut g.index, &padded.tables, &padded.contexts, block_size)?;
         ops.launch_graph(&g.graph)?;
         graphs.last_kernels = g.graph.kernels();
-        Ok(Some(ops.download(&g.logits)?))
+        let rows = padded.rows * self.head().rows;
+        Ok(Some(ops.download_prefix(&g.logits, rows)?))
     }
 
     /// Builds the buffers of a `batch`-row decode graph, runs the pass once eagerly (so
@@ -286,6 +295,7 @@ mod tests {
         ];
         let ix = BatchIndex::new(&batch, 4);
         let padded = pad_decode(&ix, 4, 3).expect("a decode batch");
+        assert_eq!(padded.rows, 2);
         assert_eq!(padded.tokens, [5, 6, 0, 0]);
         assert_eq!(padded.positions, [4, 0, 0, 0]);
         // Position 4 is offset 0 of block 9; padding rows write nothing.

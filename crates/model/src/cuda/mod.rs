@@ -253,6 +253,7 @@ impl CudaLlama {
                 message: "no tokens to run".into(),
             });
         }
+        check_kv_layout(self.kv_layout(), layout)?;
         let ops = self.ops();
         if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm)? {
             return self.sharding.gather_logits(&rows, ix.wanted.len(), comm);
@@ -298,7 +299,6 @@ impl CudaLlama {
         comm: &mut dyn Collective,
     ) -> Result<Option<CudaSlice<f32>>, ModelError> {
         let layout = kv.layout();
-        check_kv_layout(self.kv_layout(), layout)?;
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
         ops.copy_to_device(&ix.positions, &mut s.positions)?;
         let slots = ops.slots(&ix.slots, kv.num_blocks() * layout.block_size)?;
