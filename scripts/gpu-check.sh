@@ -7,6 +7,7 @@
 # the model on cuda:0 against the CPU path on every fixture, SmolLM2 greedy when models/
 # holds it, and tp = 2 with two ranks on one GPU through the CPU collective
 # (crates/model/tests/cuda_model.rs); a one-rank NCCL group (crates/comm/tests/nccl_gpu.rs);
+# a cluster whose shard runs on cuda:0, against a CPU shard (crates/tests/tests/cuda_cluster.rs);
 # decode tokens/s at batch 1, 8 and 64 with the fraction of the card's memory bandwidth
 # (crates/model/benches/cuda_decode.rs).
 # Usage: scripts/gpu-check.sh
@@ -52,5 +53,12 @@ echo "== a one-rank NCCL group"
 run nccl-gpu test --release --offline -p tessera-comm --test nccl_gpu -- --nocapture
 echo "== the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
 run model-gpu test --release --offline -p tessera-model --test cuda_model -- --test-threads=1 --nocapture
+echo "== a cluster with a shard on cuda:0 (the real binaries)"
+if [[ -d .gpu/bin ]]; then
+    export TESSERA_BIN_DIR="$PWD/.gpu/bin"
+else
+    cargo build --release --offline -p tessera-coordinator -p tessera-shard
+fi
+run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
 echo "== decode throughput"
 run cuda-decode bench --offline -p tessera-model --bench cuda_decode --

@@ -2,7 +2,9 @@
 # Builds, on this machine, what scripts/gpu-check.sh runs on a GPU machine that has no
 # Rust toolchain and no network, stripped, in .gpu/ (ignored by git; carry it along with
 # the working tree): the release test binaries of the CUDA kernels, of the model on the
-# device and of a one-rank NCCL group, and the decode-throughput benchmark.
+# device, of a one-rank NCCL group and of a cluster with a cuda shard (with the
+# coordinator and shard binaries it starts), and the decode-throughput benchmark.
+# The device machine takes at most 64 MiB of files along: the sizes are listed at the end.
 # Usage: scripts/gpu-prepare.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,5 +24,11 @@ cp "$(build tessera-kernels gpu)" .gpu/kernels-gpu
 cp "$(build tessera-comm nccl_gpu)" .gpu/nccl-gpu
 cp "$(build tessera-model cuda_model)" .gpu/model-gpu
 cp "$(build tessera-model cuda_decode bench)" .gpu/cuda-decode
-strip .gpu/kernels-gpu .gpu/nccl-gpu .gpu/model-gpu .gpu/cuda-decode
-ls -la .gpu/
+cp "$(build tessera-tests cuda_cluster)" .gpu/cluster-gpu
+# The binaries the cluster test starts.
+cargo build --release --locked -p tessera-coordinator -p tessera-shard
+mkdir -p .gpu/bin
+cp target/release/tessera-coordinator target/release/tessera-shard .gpu/bin/
+strip .gpu/kernels-gpu .gpu/nccl-gpu .gpu/model-gpu .gpu/cuda-decode .gpu/cluster-gpu .gpu/bin/*
+ls -la .gpu/ .gpu/bin/
+du -sh .gpu

@@ -22,9 +22,12 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-/// The repository root.
+/// The repository root: `TESSERA_REPO_ROOT` where a test binary runs away from its build
+/// tree (`scripts/gpu-check.sh` on a GPU machine), else where it was built.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("TESSERA_REPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 /// A fixture model directory or file under `fixtures/models`.
@@ -80,13 +83,18 @@ pub fn f32_greedy(model: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-/// A workspace binary, built by `cargo test --workspace`.
+/// A workspace binary, built by `cargo test --workspace` (or in `TESSERA_BIN_DIR`, where
+/// the binaries were prepared elsewhere: `scripts/gpu-prepare.sh`).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("tests run from target/<profile>/deps");
+    let dir = match std::env::var_os("TESSERA_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("tests run from target/<profile>/deps")
+            .to_path_buf(),
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),
