@@ -12,7 +12,9 @@ mkdir -p .gpu
 # The test binaries of the kernels (each against its CPU twin) and of a one-rank NCCL group.
 build() {
     local package="$1" test="$2" kind="${3:-test}"
-    cargo "$kind" --release --locked -p "$package" "--$kind" "$test" --no-run --message-format=json \
+    local profile=(--release)
+    [[ "$kind" == bench ]] && profile=()  # benches build in release already
+    cargo "$kind" "${profile[@]}" --locked -p "$package" "--$kind" "$test" --no-run --message-format=json \
         | python3 -c 'import json, sys
 name = sys.argv[1]
 for line in sys.stdin:

@@ -383,7 +383,10 @@ impl TopologyError {
                     .into()
             }
             E::SharedCudaDevice { second, .. } => {
-                format!("give {second} a GPU of its own: one shard per GPU")
+                format!(
+                    "give {second} a GPU of its own: one shard per GPU (ranks of groups with \
+                     collective = \"shm\" or \"tcp\" may share one, for tests)"
+                )
             }
             E::NcclOnCpu { .. } => {
                 "use collective = \"auto\", \"shm\" (one host) or \"tcp\" for cpu shards".into()

@@ -123,6 +123,8 @@ struct GpuUse {
     machine: String,
     host: String,
     index: u32,
+    /// The shard's group moves collectives through host memory (`shm`, `tcp`).
+    host_collective: bool,
     owner: String,
     span: Range<usize>,
     field: String,
@@ -533,14 +535,17 @@ impl Validator<'_> {
         }
     }
 
-    /// Two shards on one GPU.
+    /// Two shards on one GPU, unless both move their collectives through host memory
+    /// (then they may share it: tp > 1 on one GPU, for tests).
     fn shared_gpus(&mut self) {
         let mut gpus = std::mem::take(&mut self.gpus);
         gpus.sort_by_key(|g| g.span.start);
         for (i, later) in gpus.iter().enumerate() {
-            let clash = gpus[..i]
-                .iter()
-                .find(|e| e.machine == later.machine && e.index == later.index);
+            let clash = gpus[..i].iter().find(|e| {
+                e.machine == later.machine
+                    && e.index == later.index
+                    && !(e.host_collective && later.host_collective)
+            });
             if let Some(earlier) = clash {
                 let error = TopologyError::SharedCudaDevice {
                     host: later.host.clone(),

@@ -71,8 +71,14 @@ impl Validator<'_> {
             None => Some(CollectiveChoice::Auto),
             Some(c) => self.collective_choice(c, &label, &table),
         };
+        // Ranks that move their collectives through host memory may share a GPU (tp > 1
+        // on one GPU, for tests); NCCL refuses two ranks on one device.
+        let host_collective = matches!(
+            requested,
+            Some(CollectiveChoice::Shm | CollectiveChoice::Tcp)
+        );
         let shards: Vec<Option<ShardEntry>> = (spec.shard.iter().enumerate())
-            .map(|(j, s)| self.shard(j, &table, &label, s, hosts))
+            .map(|(j, s)| self.shard(j, (&table, &label, host_collective), s, hosts))
             .collect();
         let complete = !self.notes.is_incomplete_group(&span);
         if let (Some(tp), Some(tp_spec)) = (tp, &spec.tp) {
@@ -202,11 +208,12 @@ impl Validator<'_> {
     }
 
     /// One shard entry; records its listener and GPU for the cross-entry checks.
+    /// Shard `index` of a group (its table, its name, whether its collective goes
+    /// through host memory).
     fn shard(
         &mut self,
         index: usize,
-        group_table: &str,
-        group: &str,
+        (group_table, group, host_collective): (&str, &str, bool),
         entry: &Spanned<ShardSpec>,
         hosts: &Hosts,
     ) -> Option<ShardEntry> {
@@ -254,6 +261,7 @@ impl Validator<'_> {
                 machine: host.address.clone(),
                 host: host.name.clone(),
                 index,
+                host_collective,
                 owner: what,
                 span: device_span.clone(),
                 field: format!("{table}.device"),

@@ -567,6 +567,12 @@ fn a_gpu_serves_one_shard() {
             .replacen("cuda:0", "cuda:1", 2)
             .replacen("cuda:1", "cuda:0", 1),
     );
+    // Ranks whose collective goes through host memory may share the GPU (tp > 1 on one
+    // GPU, for tests); NCCL (the default on cuda) may not.
+    let shared = text.replacen("tp = 2", "tp = 2\ncollective = \"shm\"", 1);
+    assert_eq!(valid(&shared).groups[0].collective, Collective::Shm);
+    let nccl = text.replacen("tp = 2", "tp = 2\ncollective = \"nccl\"", 1);
+    assert_eq!(errors(&nccl).len(), 1, "{:?}", errors(&nccl));
 }
 
 #[test]
