@@ -14,6 +14,12 @@ export TESSERA_REQUIRE_DEMO_MODEL=1
 if NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)"; then
     export LD_LIBRARY_PATH="${NVRTC_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# ptxas from the `nvidia-cuda-nvcc-cu12` wheel, when installed: the same test assembles the
+# PTX for sm_80 and sm_90 and checks each kernel's registers fit its launch.
+if PTXAS="$(python3 -c 'import nvidia.cuda_nvcc as m, os; print(os.path.join(list(m.__path__)[0], "bin", "ptxas"))' 2>/dev/null)" \
+    && [[ -x "$PTXAS" ]]; then
+    export TESSERA_PTXAS="${TESSERA_PTXAS:-$PTXAS}"
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all --check

@@ -13,6 +13,21 @@ use super::device::CudaDevice;
 const ROW_THREADS: u32 = 256;
 /// Warps per block of the matvec kernels.
 const MATVEC_WARPS: u32 = 4;
+/// Threads per block of the attention kernels.
+const ATTENTION_THREADS: u32 = 128;
+/// Threads per block of the sampling kernel (`__launch_bounds__` in `sampling.cu`).
+const SAMPLE_THREADS: u32 = 1024;
+
+/// The threads per block each kernel is launched with (what its registers must fit:
+/// `crates/kernels/tests/nvrtc.rs` checks with ptxas), `None` for an unknown entry.
+pub fn block_threads(entry: &str) -> Option<u32> {
+    match entry {
+        "matvec_q8_0" | "matvec_q4_k" => Some(32 * MATVEC_WARPS),
+        "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
+        "sample_rows" => Some(SAMPLE_THREADS),
+        _ => super::source::family_of(entry).map(|_| ROW_THREADS),
+    }
+}
 /// Positions per attention partition (`PART` in `attention.cu`).
 pub const ATTENTION_PART: usize = 256;
 /// The largest head the attention kernel holds in shared memory.
@@ -485,7 +500,7 @@ impl<'a> Ops<'a> {
         );
         let config = LaunchConfig {
             grid_dim: grid,
-            block_dim: (128, 1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let AttentionIndex {
@@ -514,7 +529,7 @@ impl<'a> Ops<'a> {
         self.run("paged_attention_partition", &mut a, config)?;
         let config = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut a = self.builder("paged_attention_reduce")?;
@@ -637,7 +652,7 @@ impl<'a> Ops<'a> {
             self.upload(uniform)?,
         );
         let v = u32_of("vocab", vocab)?;
-        let config = rows(rows_n, 1024)?;
+        let config = rows(rows_n, SAMPLE_THREADS)?;
         let mut a = self.builder("sample_rows")?;
         a.arg(out)
             .arg(logits)

@@ -69,6 +69,10 @@ mod tests {
                     family.file
                 );
                 assert_eq!(family_of(entry), Some(family));
+                assert!(
+                    super::super::ops::block_threads(entry).is_some(),
+                    "{entry}: no launch size"
+                );
             }
         }
         // Every file of the directory is a family (none forgotten).
