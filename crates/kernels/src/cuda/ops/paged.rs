@@ -1,0 +1,280 @@
+//! The paged KV cache's launches: the KV write and paged attention, with the device-side
+//! index arrays (slots, block tables, contexts) they read, each checked against the cache
+//! when it is made or refilled.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{
+    ATTENTION_PART, ATTENTION_THREADS, MAX_HEAD_DIM, Ops, ROW_THREADS, check, grid_yz, rows, u32_of,
+};
+use crate::cuda::CudaError;
+
+/// Cache slots of a batch's tokens on the device, checked against the cache they index.
+#[derive(Debug)]
+pub struct Slots {
+    slots: CudaSlice<i64>,
+    capacity: usize,
+}
+
+/// One batch's attention queries on the device (see [`Ops::attention_index`]).
+#[derive(Debug)]
+pub struct AttentionIndex {
+    tables: CudaSlice<u32>,
+    query_seq: CudaSlice<u32>,
+    contexts: CudaSlice<u32>,
+    max_blocks: usize,
+    cache_blocks: usize,
+    q_heads: usize,
+    partitions: usize,
+    part_out: CudaSlice<f32>,
+    part_max: CudaSlice<f32>,
+    part_sum: CudaSlice<f32>,
+}
+
+impl Ops<'_> {
+    /// Cache slots on the device, each checked below `capacity` slots (blocks × block
+    /// size): slot = block × block_size + offset; negative: skipped by [`Ops::kv_write`].
+    pub fn slots(&self, host: &[i64], capacity: usize) -> Result<Slots, CudaError> {
+        if let Some(&bad) = host.iter().find(|&&s| s >= capacity as i64) {
+            return Err(CudaError::Shape {
+                what: "kv_write slot (below the cache's slots)",
+                expected: capacity,
+                actual: bad as usize,
+            });
+        }
+        Ok(Slots {
+            slots: self.upload(host)?,
+            capacity,
+        })
+    }
+
+    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`.
+    pub fn kv_write(
+        &self,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        slots: &Slots,
+        kv_width: usize,
+    ) -> Result<(), CudaError> {
+        let tokens = slots.slots.len();
+        check("kv_write k", tokens * kv_width, k.len())?;
+        check("kv_write v", tokens * kv_width, v.len())?;
+        check("kv_write k cache", slots.capacity * kv_width, k_cache.len())?;
+        check("kv_write v cache", k_cache.len(), v_cache.len())?;
+        let w = u32_of("kv_width", kv_width)?;
+        let config = rows(tokens, ROW_THREADS)?;
+        let mut a = self.builder("kv_write_bf16")?;
+        a.arg(k_cache)
+            .arg(v_cache)
+            .arg(k)
+            .arg(v)
+            .arg(&slots.slots)
+            .arg(&w);
+        self.run("kv_write_bf16", &mut a, config)
+    }
+
+    /// The block tables and contexts of one batch of attention queries, on the device,
+    /// with the partition scratch for `q_heads` heads: query i reads the blocks of
+    /// sequence `query_seq[i]` (a row of `tables`, each row `max_blocks` long) up to
+    /// position `contexts[i]` (exclusive). Every id is checked below `cache_blocks`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_index(
+        &self,
+        tables: &[u32],
+        max_blocks: usize,
+        query_seq: &[u32],
+        contexts: &[u32],
+        layout: crate::attention::KvLayout,
+        cache_blocks: usize,
+        q_heads: usize,
+    ) -> Result<AttentionIndex, CudaError> {
+        let queries = query_seq.len();
+        check("attention contexts", queries, contexts.len())?;
+        if max_blocks == 0 || !tables.len().is_multiple_of(max_blocks) {
+            return Err(CudaError::Shape {
+                what: "attention tables (a multiple of max_blocks)",
+                expected: max_blocks,
+                actual: tables.len(),
+            });
+        }
+        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= cache_blocks) {
+            return Err(CudaError::Shape {
+                what: "attention block id (below the cache's blocks)",
+                expected: cache_blocks,
+                actual: bad as usize,
+            });
+        }
+        let seqs = tables.len() / max_blocks;
+        if let Some(&bad) = query_seq.iter().find(|&&s| s as usize >= seqs) {
+            return Err(CudaError::Shape {
+                what: "attention query_seq (below the tables' rows)",
+                expected: seqs,
+                actual: bad as usize,
+            });
+        }
+        let reach = max_blocks * layout.block_size;
+        let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
+        if longest > reach || contexts.contains(&0) {
+            return Err(CudaError::Shape {
+                what: "attention context (1 ..= max_blocks × block_size)",
+                expected: reach,
+                actual: longest,
+            });
+        }
+        let partitions = longest.div_ceil(ATTENTION_PART).max(1);
+        let parts = queries * q_heads * partitions;
+        Ok(AttentionIndex {
+            tables: self.upload(tables)?,
+            query_seq: self.upload(query_seq)?,
+            contexts: self.upload(contexts)?,
+            max_blocks,
+            cache_blocks,
+            q_heads,
+            partitions,
+            part_out: self.alloc(parts * layout.head_dim)?,
+            part_max: self.alloc(parts)?,
+            part_sum: self.alloc(parts)?,
+        })
+    }
+
+    /// Refills `slots` (the same count) for another pass of a captured graph.
+    pub fn update_slots(&self, slots: &mut Slots, host: &[i64]) -> Result<(), CudaError> {
+        check("updated slots", slots.slots.len(), host.len())?;
+        if let Some(&bad) = host.iter().find(|&&s| s >= slots.capacity as i64) {
+            return Err(CudaError::Shape {
+                what: "kv_write slot (below the cache's slots)",
+                expected: slots.capacity,
+                actual: bad as usize,
+            });
+        }
+        self.copy_to_device(host, &mut slots.slots)
+    }
+
+    /// Refills the block tables and contexts of `index` (the same queries, one table row
+    /// each, `query_seq` unchanged) for another pass of a captured graph. Contexts must fit
+    /// the partitions the index was made with.
+    pub fn update_attention_index(
+        &self,
+        index: &mut AttentionIndex,
+        tables: &[u32],
+        contexts: &[u32],
+        block_size: usize,
+    ) -> Result<(), CudaError> {
+        check("updated tables", index.tables.len(), tables.len())?;
+        check("updated contexts", index.contexts.len(), contexts.len())?;
+        if let Some(&bad) = tables.iter().find(|&&b| b as usize >= index.cache_blocks) {
+            return Err(CudaError::Shape {
+                what: "attention block id (below the cache's blocks)",
+                expected: index.cache_blocks,
+                actual: bad as usize,
+            });
+        }
+        let reach = (index.max_blocks * block_size).min(index.partitions * ATTENTION_PART);
+        let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
+        if longest > reach || contexts.contains(&0) {
+            return Err(CudaError::Shape {
+                what: "attention context (1 ..= the index's reach)",
+                expected: reach,
+                actual: longest,
+            });
+        }
+        self.copy_to_device(tables, &mut index.tables)?;
+        self.copy_to_device(contexts, &mut index.contexts)
+    }
+
+    /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim), split
+    /// into partitions of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
+    pub fn paged_attention(
+        &self,
+        out: &mut CudaSlice<f32>,
+        q: &CudaSlice<f32>,
+        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        layout: crate::attention::KvLayout,
+        index: &mut AttentionIndex,
+    ) -> Result<(), CudaError> {
+        let (k_cache, v_cache) = cache;
+        let hd = layout.head_dim;
+        let q_heads = index.q_heads;
+        let queries = index.query_seq.len();
+        check("attention q", queries * q_heads * hd, q.len())?;
+        check("attention out", q.len(), out.len())?;
+        check(
+            "attention k cache",
+            index.cache_blocks * layout.block_len(),
+            k_cache.len(),
+        )?;
+        check("attention v cache", k_cache.len(), v_cache.len())?;
+        check(
+            "attention scratch",
+            queries * q_heads * index.partitions * hd,
+            index.part_out.len(),
+        )?;
+        if hd > MAX_HEAD_DIM || layout.kv_heads == 0 || !q_heads.is_multiple_of(layout.kv_heads) {
+            return Err(CudaError::Shape {
+                what: "attention head_dim (at most 256) and heads (a multiple of kv heads)",
+                expected: MAX_HEAD_DIM,
+                actual: hd,
+            });
+        }
+        let dims = [
+            u32_of("max_blocks", index.max_blocks)?,
+            u32_of("block_size", layout.block_size)?,
+            u32_of("q_heads", q_heads)?,
+            u32_of("kv_heads", layout.kv_heads)?,
+            u32_of("head_dim", hd)?,
+            u32_of("partitions", index.partitions)?,
+        ];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let grid = (
+            dims[2],
+            grid_yz("attention queries (grid y)", queries)?,
+            grid_yz("attention partitions (grid z)", index.partitions)?,
+        );
+        let config = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let AttentionIndex {
+            tables,
+            query_seq,
+            contexts,
+            part_out,
+            part_max,
+            part_sum,
+            ..
+        } = index;
+        let mut a = self.builder("paged_attention_partition")?;
+        a.arg(&mut *part_out)
+            .arg(&mut *part_max)
+            .arg(&mut *part_sum)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&*tables)
+            .arg(&*query_seq)
+            .arg(&*contexts);
+        for d in &dims {
+            a.arg(d);
+        }
+        a.arg(&scale);
+        self.run("paged_attention_partition", &mut a, config)?;
+        let config = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut a = self.builder("paged_attention_reduce")?;
+        a.arg(out)
+            .arg(&*part_out)
+            .arg(&*part_max)
+            .arg(&*part_sum)
+            .arg(&*contexts)
+            .arg(&dims[2])
+            .arg(&dims[4])
+            .arg(&dims[5]);
+        self.run("paged_attention_reduce", &mut a, config)
+    }
+}
