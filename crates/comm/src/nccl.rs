@@ -306,6 +306,11 @@ impl Collective for NcclGroup {
     }
 
     fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        // Every rank passes the same length: all skip an empty call alike (a device
+        // allocation of nothing is an error).
+        if data.is_empty() {
+            return Ok(());
+        }
         let op = Op::AllReduce;
         let mut dev = self.upload(op, data)?;
         NcclGroup::all_reduce_sum(self, &mut dev).map_err(|e| collective_error(op, e))?;
@@ -320,6 +325,9 @@ impl Collective for NcclGroup {
                 detail: format!("{} ranks × {} values", self.world, input.len()),
             });
         }
+        if input.is_empty() {
+            return Ok(());
+        }
         let op = Op::AllGather;
         let dev_in = self.upload(op, input)?;
         let mut dev_out = self.upload(op, output)?;
@@ -328,6 +336,9 @@ impl Collective for NcclGroup {
     }
 
     fn broadcast(&mut self, data: &mut [u8], root: Rank) -> Result<(), CollectiveError> {
+        if data.is_empty() {
+            return Ok(());
+        }
         let op = Op::Broadcast;
         let mut dev = self.upload(op, data)?;
         NcclGroup::broadcast(self, &mut dev, root).map_err(|e| collective_error(op, e))?;
