@@ -10,6 +10,7 @@
 //! - [`cuda`]: the same forward pass on a CUDA device; [`slice`]: either, as a shard runs it.
 //! - [`loader`]: a model path → weights + tokenizer + chat template.
 
+mod batch;
 pub mod chat;
 pub mod config;
 pub mod cuda;

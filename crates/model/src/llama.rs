@@ -33,6 +33,7 @@ use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::{RankPlan, plan_group};
 use tracing::{info, warn};
 
+use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
@@ -468,37 +469,21 @@ impl Llama {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         self.check_group(cache, comm)?;
-        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        if n == 0 {
-            return Err(ModelError::InvalidRequest {
-                message: "no tokens to run".into(),
-            });
-        }
-        let mut tokens = Vec::with_capacity(n);
-        let mut positions = Vec::with_capacity(n);
-        let mut tables = Vec::with_capacity(n);
-        let mut wanted = Vec::new();
-        for chunk in batch {
-            check_chunk(
-                c.vocab_size,
-                chunk,
-                (cache.layout().block_size, cache.num_blocks()),
-            )?;
-            tokens.extend_from_slice(chunk.tokens);
-            positions.extend(chunk.start..chunk.start + chunk.tokens.len());
-            tables.extend(std::iter::repeat_n(chunk.block_table, chunk.tokens.len()));
-            if chunk.logits && !chunk.tokens.is_empty() {
-                wanted.push(tokens.len() - 1);
-            }
-        }
-        let visible: Vec<usize> = positions.iter().map(|p| p + 1).collect();
+        let layout = cache.layout();
+        let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, cache.num_blocks()))?;
+        let n = ix.tokens.len();
+        let positions: Vec<usize> = ix.positions.iter().map(|&p| p as usize).collect();
+        let visible: Vec<usize> = ix.contexts.iter().map(|&v| v as usize).collect();
+        let tables: Vec<&[u32]> = (ix.query_seq.iter())
+            .map(|&q| batch[q as usize].block_table)
+            .collect();
         let hidden = c.hidden_size;
         let mut s = Scratch {
             x: vec![0.0; n * hidden],
             h: vec![0.0; n * hidden],
             ..Default::default()
         };
-        self.embed_tokens(&tokens, &mut s.x, comm)?;
+        self.embed_tokens(&ix.tokens, &mut s.x, comm)?;
         let plan = &self.sharding.plan;
         let pass = Pass {
             config: c,
@@ -513,6 +498,7 @@ impl Llama {
         for (l, layer) in self.layers.iter().enumerate() {
             layer.run(l, &pass, &mut s, cache, comm)?;
         }
+        let wanted = ix.wanted;
         let mut normed = vec![0.0; wanted.len() * hidden];
         for (&t, out) in wanted.iter().zip(normed.chunks_exact_mut(hidden)) {
             let x = &s.x[t * hidden..(t + 1) * hidden];

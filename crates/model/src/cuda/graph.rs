@@ -16,9 +16,9 @@ use tessera_kernels::cuda::{AttentionIndex, CudaSlice, Graph, Ops, Slots};
 use tracing::{info, warn};
 
 use super::CudaLlama;
-use super::batch::BatchIndex;
 use super::kv::{DeviceKv, Scratch};
 use super::weights::Input;
+use crate::batch::BatchIndex;
 use crate::error::ModelError;
 
 /// Batch sizes that get a graph; a batch runs in the smallest that holds it.

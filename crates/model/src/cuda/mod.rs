@@ -12,7 +12,6 @@
 //! [`Collective`] on host memory (device → host → ring → device): the CPU collective
 //! between GPU shards, which lets tp > 1 run on one GPU.
 
-mod batch;
 mod graph;
 mod kv;
 mod weights;
@@ -25,11 +24,11 @@ use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStr
 use tessera_kernels::rope::RopePairing;
 use tracing::info;
 
+use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
-use crate::llama::{Linear, Llama, Sharding, check_chunk, check_kv_layout};
-use batch::BatchIndex;
+use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
 pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
 use kv::{Scratch, Widths};
 use weights::{DeviceLinear, Input};
@@ -66,7 +65,6 @@ pub struct CudaLlama {
     lm_head: Option<DeviceLinear>,
     inv_freq: CudaSlice<f32>,
     pairing: u32,
-    device_bytes: usize,
 }
 
 impl std::fmt::Debug for CudaLlama {
@@ -76,7 +74,7 @@ impl std::fmt::Debug for CudaLlama {
             .field("rank", &self.sharding.plan.rank)
             .field("tp", &self.sharding.tp)
             .field("layers", &self.layers.len())
-            .field("device_bytes", &self.device_bytes)
+            .field("device_bytes", &self.device_bytes())
             .finish()
     }
 }
@@ -130,39 +128,36 @@ impl CudaLlama {
             RopePairing::Halves => 0,
             RopePairing::Interleaved => 1,
         };
-        let mut model = CudaLlama {
+        let final_norm = ops.upload(&llama.final_norm)?;
+        let inv_freq = ops.upload(llama.rope.inv_freq())?;
+        ops.synchronize()?;
+        drop(ops);
+        let model = CudaLlama {
             blas,
             config: c.clone(),
             sharding: llama.sharding.clone(),
             heads: plan.heads.len(),
             kv_heads: plan.kv_heads.len(),
             embed,
-            final_norm: ops.upload(&llama.final_norm)?,
+            final_norm,
             lm_head,
-            inv_freq: ops.upload(llama.rope.inv_freq())?,
+            inv_freq,
             pairing,
             layers,
-            device_bytes: 0,
-            stream: Arc::clone(&stream),
-            device: Arc::clone(&device),
+            stream,
+            device,
         };
-        stream
-            .synchronize()
-            .map_err(|e| tessera_kernels::cuda::CudaError::Device {
-                ordinal: device.ordinal(),
-                message: format!("uploading the weights: {e}"),
-            })?;
-        model.device_bytes = model.count_device_bytes();
         info!(
-            device = %device.name(),
+            device = %model.device.name(),
             rank = %plan.rank,
-            device_bytes = model.device_bytes,
+            device_bytes = model.device_bytes(),
             "model slice on the device"
         );
         Ok(model)
     }
 
-    fn count_device_bytes(&self) -> usize {
+    /// Bytes of weights in device memory.
+    pub fn device_bytes(&self) -> usize {
         let layers: usize = self
             .layers
             .iter()
@@ -194,17 +189,14 @@ impl CudaLlama {
         &self.stream
     }
 
-    /// Bytes of weights in device memory.
-    pub fn device_bytes(&self) -> usize {
-        self.device_bytes
-    }
-
     /// Bytes one decode step reads from device memory for its weights: every projection,
     /// norm and the LM head (the embedding gather reads only the batch's rows).
     pub fn weight_bytes_per_step(&self) -> usize {
-        let lm_head = self.lm_head.as_ref().map_or(0, DeviceLinear::device_bytes);
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed).device_bytes();
-        self.device_bytes - self.embed.device_bytes() - lm_head + head
+        let untied_embedding = self
+            .lm_head
+            .as_ref()
+            .map_or(0, |_| self.embed.device_bytes());
+        self.device_bytes() - untied_embedding
     }
 
     /// This rank's KV layout: its own KV heads, [`DEFAULT_BLOCK_SIZE`] positions a block.
@@ -243,16 +235,8 @@ impl CudaLlama {
         let c = &self.config;
         self.sharding.check_collective(comm)?;
         let layout = kv.layout();
-        for chunk in batch {
-            check_chunk(c.vocab_size, chunk, (layout.block_size, kv.num_blocks()))?;
-        }
-        let ix = BatchIndex::new(batch, layout.block_size);
+        let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, kv.num_blocks()))?;
         let n = ix.tokens.len();
-        if n == 0 {
-            return Err(ModelError::InvalidRequest {
-                message: "no tokens to run".into(),
-            });
-        }
         check_kv_layout(self.kv_layout(), layout)?;
         let ops = self.ops();
         if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm)? {
@@ -266,10 +250,9 @@ impl CudaLlama {
         let result = self.eager(&ops, &ix, &mut s, kv, comm);
         kv.scratch = Some(s);
         kv.last_launches = ops.launches();
-        let normed = result?;
-        if ix.wanted.is_empty() {
-            return Ok(Vec::new());
-        }
+        let Some(normed) = result? else {
+            return Ok(Vec::new()); // no chunk wants logits
+        };
         let logits = self.logits(&ops, &normed, ix.wanted.len())?;
         self.sharding.gather_logits(&logits, ix.wanted.len(), comm)
     }
@@ -410,12 +393,9 @@ impl CudaLlama {
     fn logits(
         &self,
         ops: &Ops<'_>,
-        normed: &Option<CudaSlice<f32>>,
+        normed: &CudaSlice<f32>,
         n: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let Some(normed) = normed else {
-            return Ok(Vec::new());
-        };
         let head = self.head();
         let mut normed16 = ops.alloc::<u16>(normed.len())?;
         ops.round_bf16(&mut normed16, normed)?;

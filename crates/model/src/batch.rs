@@ -1,8 +1,11 @@
-//! A batch of sequence chunks as the device kernels index it: one row per token for the
-//! embedding, RoPE and the KV write, one block-table row per sequence for attention.
-//! Pure host arithmetic, tested without a GPU.
+//! A batch of sequence chunks as a forward pass indexes it: one row per token for the
+//! embedding, RoPE and the KV write, one block-table row per sequence for attention
+//! (the CPU pass reads the token rows; the device kernels read them all). Pure host
+//! arithmetic, tested without a GPU.
 
+use crate::error::ModelError;
 use crate::kv_cache::SeqChunk;
+use crate::llama::check_chunk;
 
 /// The index arrays of one forward pass.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -23,6 +26,25 @@ pub(crate) struct BatchIndex {
 }
 
 impl BatchIndex {
+    /// The index of `batch` after checking it: at least one token, every token inside a
+    /// vocabulary of `vocab`, every block table covering its positions inside a cache of
+    /// `blocks` blocks of `block_size` positions.
+    pub(crate) fn checked(
+        batch: &[SeqChunk<'_>],
+        vocab: usize,
+        (block_size, blocks): (usize, usize),
+    ) -> Result<BatchIndex, ModelError> {
+        if batch.iter().all(|c| c.tokens.is_empty()) {
+            return Err(ModelError::InvalidRequest {
+                message: "no tokens to run".into(),
+            });
+        }
+        for chunk in batch {
+            check_chunk(vocab, chunk, (block_size, blocks))?;
+        }
+        Ok(BatchIndex::new(batch, block_size))
+    }
+
     /// The index of `batch`, whose chunks were checked (tokens in the vocabulary, block
     /// tables covering their positions).
     pub(crate) fn new(batch: &[SeqChunk<'_>], block_size: usize) -> BatchIndex {
