@@ -130,7 +130,7 @@ fn peak_bandwidth(device: &CudaDevice) -> (f64, String) {
 
 fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
     let (peak, source) = peak_bandwidth(device);
-    let model = CudaLlama::upload(llama, Arc::clone(device), &mut |_, _| {}).unwrap();
+    let model = CudaLlama::upload(llama, Arc::clone(device)).unwrap();
     let c = model.config().clone();
     let layout = model.kv_layout();
     let per_position =

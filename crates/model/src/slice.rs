@@ -30,16 +30,10 @@ pub enum SliceCache {
 impl ModelSlice {
     /// `llama` where it is (`device` `None`), or uploaded to `device` (the host copy is
     /// dropped once uploaded).
-    pub fn place(
-        llama: Llama,
-        device: Option<Arc<CudaDevice>>,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<ModelSlice, ModelError> {
+    pub fn place(llama: Llama, device: Option<Arc<CudaDevice>>) -> Result<ModelSlice, ModelError> {
         match device {
             None => Ok(ModelSlice::Cpu(llama)),
-            Some(device) => Ok(ModelSlice::Cuda(CudaLlama::upload(
-                &llama, device, progress,
-            )?)),
+            Some(device) => Ok(ModelSlice::Cuda(CudaLlama::upload(&llama, device)?)),
         }
     }
 

@@ -188,7 +188,7 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         let llama = loader::load_weights(&path).unwrap_or_else(|e| panic!("{fixture}: {e}"));
         let follow = greedy_cpu(&llama, &prompt, 20);
         let cpu = cpu_logits(&llama, &prompt, &follow);
-        let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+        let model = CudaLlama::upload(&llama, Arc::clone(&dev)).unwrap();
         let mut kv = model.new_cache(16 << 20).unwrap();
         let gpu = cuda_logits(&model, &mut kv, &prompt, &follow, &mut Solo::default());
         compare(fixture, &cpu, &gpu);
@@ -200,7 +200,7 @@ fn a_batch_of_sequences_gives_each_its_own_logits() {
     let Some(dev) = device() else { return };
     let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
     let llama = loader::load_weights(&path).unwrap();
-    let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+    let model = CudaLlama::upload(&llama, Arc::clone(&dev)).unwrap();
     let mut kv = model.new_cache(16 << 20).unwrap();
     let (a, b) = ([1u32, 5, 9, 13, 17, 21, 25, 29, 33, 37], [2u32, 4, 6, 8]);
     // Alone, each from its own blocks...
@@ -246,7 +246,7 @@ fn tp2_on_one_gpu_through_the_cpu_collective_matches_tp1() {
                 let (dev, path, follow) = (Arc::clone(&dev), path.clone(), follow.clone());
                 s.spawn(move || {
                     let llama = loader::load_rank(&path, plan, 2).unwrap();
-                    let model = CudaLlama::upload(&llama, dev, &mut |_, _| {}).unwrap();
+                    let model = CudaLlama::upload(&llama, dev).unwrap();
                     let mut kv = model.new_cache(8 << 20).unwrap();
                     cuda_logits(&model, &mut kv, &prompt, &follow, &mut comm)
                 })
@@ -280,7 +280,7 @@ fn smollm2_greedy_on_the_device_follows_the_cpu() {
     let steps = 32;
     let cpu_tokens = greedy_cpu(&loaded.llama, &prompt, steps);
     let cpu = cpu_logits(&loaded.llama, &prompt, &cpu_tokens);
-    let model = CudaLlama::upload(&loaded.llama, dev, &mut |_, _| {}).unwrap();
+    let model = CudaLlama::upload(&loaded.llama, dev).unwrap();
     let mut kv = model.new_cache(64 << 20).unwrap();
     // Teacher-forced on the CPU's tokens: the logits of every step compared.
     let gpu = cuda_logits(&model, &mut kv, &prompt, &cpu_tokens, &mut Solo::default());
@@ -329,7 +329,7 @@ fn a_kv_budget_beyond_the_device_memory_is_refused() {
     let Some(dev) = device() else { return };
     let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
     let llama = loader::load_weights(&path).unwrap();
-    let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+    let model = CudaLlama::upload(&llama, Arc::clone(&dev)).unwrap();
     let too_much = dev.total_memory() * 2;
     let err = model.new_cache(too_much).unwrap_err().to_string();
     assert!(err.contains("free"), "{err}");
@@ -385,7 +385,7 @@ fn decode_through_a_cuda_graph_matches_eager_launches() {
     for fixture in ["llama-gqa/model.F32.gguf", "llama-kquant/model.Q4_K.gguf"] {
         let path = repo_root().join("fixtures/models").join(fixture);
         let llama = loader::load_weights(&path).unwrap();
-        let model = CudaLlama::upload(&llama, Arc::clone(&dev), &mut |_, _| {}).unwrap();
+        let model = CudaLlama::upload(&llama, Arc::clone(&dev)).unwrap();
         let (eager, none) = batched_decode(&model, false, 10);
         let (graphed, kernels) = batched_decode(&model, true, 10);
         assert_eq!(none, 0, "graphs off: every step eager");

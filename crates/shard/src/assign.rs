@@ -202,16 +202,7 @@ fn load_once(
         config.tp,
         &mut on_layer,
     )?;
-    let mut on_upload = |done: usize, layers: usize| {
-        if done == layers {
-            info!(layers, "uploaded to the device");
-        }
-    };
-    let loaded = Arc::new(ModelSlice::place(
-        llama,
-        config.device.clone(),
-        &mut on_upload,
-    )?);
+    let loaded = Arc::new(ModelSlice::place(llama, config.device.clone())?);
     info!(
         rank = %config.rank,
         weight_bytes = loaded.weight_bytes(),

@@ -88,13 +88,8 @@ fn bare(weight: &crate::weights::Weight) -> Linear {
 }
 
 impl CudaLlama {
-    /// Uploads `llama`'s slice to `device`, layer by layer, calling `progress` with the
-    /// layers done; the host copy can be dropped afterwards.
-    pub fn upload(
-        llama: &Llama,
-        device: Arc<CudaDevice>,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<CudaLlama, ModelError> {
+    /// Uploads `llama`'s slice to `device`; the host copy can be dropped afterwards.
+    pub fn upload(llama: &Llama, device: Arc<CudaDevice>) -> Result<CudaLlama, ModelError> {
         let stream = device.context().new_stream().map_err(|e| {
             tessera_kernels::cuda::CudaError::Device {
                 ordinal: device.ordinal(),
@@ -104,7 +99,7 @@ impl CudaLlama {
         let blas = Blas::new(device.ordinal(), Arc::clone(&stream))?;
         let ops = Ops::new(&device, Arc::clone(&stream));
         let mut layers = Vec::with_capacity(llama.layers.len());
-        for (l, layer) in llama.layers.iter().enumerate() {
+        for layer in &llama.layers {
             layers.push(DeviceLayer {
                 attn_norm: ops.upload(&layer.attn_norm)?,
                 q: DeviceLinear::upload(&ops, &[&layer.q], true)?,
@@ -115,7 +110,6 @@ impl CudaLlama {
                 gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], true)?,
                 down: DeviceLinear::upload(&ops, &[&layer.down], true)?,
             });
-            progress(l + 1, llama.layers.len());
         }
         let embed = DeviceLinear::upload(&ops, &[&bare(&llama.embed)], false)?;
         let lm_head = match &llama.lm_head {
