@@ -9,6 +9,8 @@
 //! - `tessera certs init`: make a cluster's CA and certificates; `certs issue`: one more
 //!   from that CA.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

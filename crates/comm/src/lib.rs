@@ -12,15 +12,20 @@
 //! - [`collective`]: the [`Collective`] trait (all-reduce sum, all-gather, broadcast,
 //!   barrier) with CPU backends — shared memory on one host, a TCP ring between hosts — each
 //!   call bounded by a deadline that names the rank that did not arrive.
-//! - [`nccl`]: NCCL between GPU ranks (loaded at run time), every collective bounded by a
-//!   deadline that aborts the communicator.
+//! - `nccl` (feature `nccl`): NCCL between GPU ranks (loaded at run time), every
+//!   collective bounded by a deadline that aborts the communicator. It is the only unsafe
+//!   code of this crate, and without the feature it is absent with cudarc.
 //!
 //! Drivers: the shard process (`tessera-shard`) owns one collective on its compute thread
 //! and one control connection; the coordinator accepts the control connections.
 
+#![deny(unsafe_code)]
+
 pub mod certs;
 pub mod collective;
 mod error;
+#[cfg(feature = "nccl")]
+#[allow(unsafe_code)] // FFI to NCCL; each block names its invariant
 pub mod nccl;
 pub mod proto;
 pub mod quic;

@@ -356,8 +356,4 @@ impl Collective for NcclGroup {
     fn stats(&self) -> CollectiveStats {
         self.stats
     }
-
-    fn nccl(&mut self) -> Option<&mut NcclGroup> {
-        Some(self)
-    }
 }

@@ -12,6 +12,8 @@
 //! - [`leader`]: drives the groups while this peer leads, and journals every request.
 //! - [`forward`]: followers pass API calls on to the leader.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod cluster;
 pub mod engine;

@@ -3,6 +3,8 @@
 //! accepts the shards' control connections and drives every group; it serves the HTTP API
 //! until SIGTERM or Ctrl-C.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -10,14 +10,16 @@
 //! - [`cpu`]: feature detection and SIMD row-dot products.
 //! - [`matmul`]: weight matrix × activation vectors, in the weight's stored type.
 //! - [`shm`]: shared-memory segments and futexes for ranks on one host (Linux).
-//! - [`cuda`]: the CUDA kernels (NVRTC-compiled CUDA C, loaded through cudarc at run
-//!   time: no build needs CUDA).
+//! - `cuda` (feature `cuda`): the CUDA kernels (NVRTC-compiled CUDA C, loaded through
+//!   cudarc at run time: no build needs CUDA). Without the feature the module and cudarc
+//!   are absent, so a process that runs nothing on a GPU links no GPU crate.
 //! - [`norm`], [`rope`], [`activation`], [`attention`], [`sampling`]: the rest of a
 //!   Llama-family decoder step.
 
 pub mod activation;
 pub mod attention;
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dtype;
 pub mod error;

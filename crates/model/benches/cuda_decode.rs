@@ -24,6 +24,7 @@ use tessera_model::error::ModelError;
 use tessera_model::kv_cache::SeqChunk;
 use tessera_model::llama::Llama;
 use tessera_model::loader;
+use tessera_model::slice::SliceComm;
 use tessera_model::weights::{Storage, TensorId, TensorSource, Weight};
 
 /// Context each sequence holds before the timed steps.
@@ -158,7 +159,11 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
                 logits: false,
             };
             model
-                .forward_batch(&[chunk], &mut kv, &mut Solo::default())
+                .forward_batch(
+                    &[chunk],
+                    &mut kv,
+                    &mut SliceComm::Host(&mut Solo::default()),
+                )
                 .unwrap();
         }
         let tokens = vec![7u32; batch];
@@ -174,7 +179,7 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
                 })
                 .collect();
             model
-                .forward_batch(&chunks, &mut kv, &mut Solo::default())
+                .forward_batch(&chunks, &mut kv, &mut SliceComm::Host(&mut Solo::default()))
                 .unwrap();
         };
         // Warm-up: cuBLAS picks its kernels, the scratch is allocated, the graph captured.

@@ -58,6 +58,7 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Kernel(#[from] tessera_kernels::KernelError),
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] tessera_kernels::cuda::CudaError),
     #[error("{path}: tokenizer: {message}")]

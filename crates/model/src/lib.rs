@@ -7,12 +7,16 @@
 //! - [`tokenizer`], [`chat`]: text ↔ token ids, and chat templates.
 //! - [`kv_cache`]: the paged KV cache of one process.
 //! - [`llama`]: the forward pass; [`generate`]: one-sequence generation.
-//! - [`cuda`]: the same forward pass on a CUDA device; [`slice`]: either, as a shard runs it.
+//! - `cuda` (feature `cuda`): the same forward pass on a CUDA device; [`slice`]: either,
+//!   as a shard runs it.
 //! - [`loader`]: a model path → weights + tokenizer + chat template.
+
+#![forbid(unsafe_code)]
 
 mod batch;
 pub mod chat;
 pub mod config;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
 pub mod generate;

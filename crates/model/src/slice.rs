@@ -1,22 +1,28 @@
 //! A rank's model slice on the device its shard runs on, and the KV cache that goes with
 //! it: what a shard's engine drives, whichever the device.
 
+#[cfg(feature = "cuda")]
 use std::sync::Arc;
 
 use tessera_comm::Collective;
-use tessera_kernels::cuda::CudaDevice;
+#[cfg(feature = "cuda")]
+use tessera_comm::nccl::NcclGroup;
+#[cfg(feature = "cuda")]
+use tessera_kernels::cuda::{CudaDevice, CudaStream};
 
 use crate::config::ModelConfig;
+#[cfg(feature = "cuda")]
 use crate::cuda::{CudaLlama, DeviceKv};
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqChunk};
 use crate::llama::Llama;
 
-/// The weights of one rank, on the CPU or on a CUDA device.
+/// The weights of one rank, on the CPU or (feature `cuda`) on a CUDA device.
 #[allow(clippy::large_enum_variant)] // one per process, never moved in a hot path
 #[derive(Debug)]
 pub enum ModelSlice {
     Cpu(Llama),
+    #[cfg(feature = "cuda")]
     Cuda(CudaLlama),
 }
 
@@ -24,21 +30,57 @@ pub enum ModelSlice {
 #[derive(Debug)]
 pub enum SliceCache {
     Cpu(KvCache),
+    #[cfg(feature = "cuda")]
     Cuda(DeviceKv),
 }
 
-impl ModelSlice {
-    /// `llama` where it is (`device` `None`), or uploaded to `device` (the host copy is
-    /// dropped once uploaded).
-    pub fn place(llama: Llama, device: Option<Arc<CudaDevice>>) -> Result<ModelSlice, ModelError> {
-        match device {
-            None => Ok(ModelSlice::Cpu(llama)),
-            Some(device) => Ok(ModelSlice::Cuda(CudaLlama::upload(&llama, device)?)),
+/// The group's collective, as a forward pass takes it.
+#[derive(Debug)]
+pub enum SliceComm<'a> {
+    /// A collective on host memory (shared memory, the TCP ring, the group of one). A pass
+    /// on a GPU stages its all-reduces through the host.
+    Host(&'a mut dyn Collective),
+    /// The group's NCCL communicator: a pass on a GPU reduces device buffers where they
+    /// are. Host buffers (the CPU pass, the logits' all-gather) go through its
+    /// [`Collective`] side.
+    #[cfg(feature = "cuda")]
+    Nccl(&'a mut NcclGroup),
+}
+
+impl SliceComm<'_> {
+    /// The group as a collective on host memory.
+    pub fn host(&mut self) -> &mut dyn Collective {
+        match self {
+            SliceComm::Host(comm) => &mut **comm,
+            #[cfg(feature = "cuda")]
+            SliceComm::Nccl(group) => &mut **group,
         }
     }
 
+    pub fn world_size(&self) -> usize {
+        match self {
+            SliceComm::Host(comm) => comm.world_size(),
+            #[cfg(feature = "cuda")]
+            SliceComm::Nccl(group) => group.world_size(),
+        }
+    }
+}
+
+impl ModelSlice {
+    /// `llama` on the CPU, where it was loaded.
+    pub fn cpu(llama: Llama) -> ModelSlice {
+        ModelSlice::Cpu(llama)
+    }
+
+    /// `llama` uploaded to `device` (the host copy is dropped once uploaded).
+    #[cfg(feature = "cuda")]
+    pub fn upload(llama: Llama, device: Arc<CudaDevice>) -> Result<ModelSlice, ModelError> {
+        Ok(ModelSlice::Cuda(CudaLlama::upload(&llama, device)?))
+    }
+
     /// The device stream of a CUDA slice (`None` on the CPU).
-    pub fn cuda_stream(&self) -> Option<Arc<tessera_kernels::cuda::CudaStream>> {
+    #[cfg(feature = "cuda")]
+    pub fn cuda_stream(&self) -> Option<Arc<CudaStream>> {
         match self {
             ModelSlice::Cpu(_) => None,
             ModelSlice::Cuda(m) => Some(Arc::clone(m.stream())),
@@ -48,6 +90,7 @@ impl ModelSlice {
     pub fn config(&self) -> &ModelConfig {
         match self {
             ModelSlice::Cpu(m) => m.config(),
+            #[cfg(feature = "cuda")]
             ModelSlice::Cuda(m) => m.config(),
         }
     }
@@ -56,6 +99,7 @@ impl ModelSlice {
     pub fn weight_bytes(&self) -> usize {
         match self {
             ModelSlice::Cpu(m) => m.weight_bytes(),
+            #[cfg(feature = "cuda")]
             ModelSlice::Cuda(m) => m.device_bytes(),
         }
     }
@@ -72,6 +116,7 @@ impl ModelSlice {
                 let blocks = KvCache::blocks_for_budget(layout, layers, budget_bytes);
                 Ok(SliceCache::Cpu(KvCache::new(layout, layers, blocks)))
             }
+            #[cfg(feature = "cuda")]
             ModelSlice::Cuda(m) => Ok(SliceCache::Cuda(m.new_cache(budget_bytes)?)),
         }
     }
@@ -81,11 +126,13 @@ impl ModelSlice {
         &self,
         batch: &[SeqChunk<'_>],
         cache: &mut SliceCache,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         match (self, cache) {
-            (ModelSlice::Cpu(m), SliceCache::Cpu(c)) => m.forward_batch(batch, c, comm),
+            (ModelSlice::Cpu(m), SliceCache::Cpu(c)) => m.forward_batch(batch, c, comm.host()),
+            #[cfg(feature = "cuda")]
             (ModelSlice::Cuda(m), SliceCache::Cuda(c)) => m.forward_batch(batch, c, comm),
+            #[cfg(feature = "cuda")]
             _ => Err(ModelError::Plan {
                 message: "the KV cache is on another device than the model".into(),
             }),
@@ -97,6 +144,7 @@ impl SliceCache {
     pub fn num_blocks(&self) -> usize {
         match self {
             SliceCache::Cpu(c) => c.num_blocks(),
+            #[cfg(feature = "cuda")]
             SliceCache::Cuda(c) => c.num_blocks(),
         }
     }
@@ -104,6 +152,7 @@ impl SliceCache {
     pub fn block_size(&self) -> usize {
         match self {
             SliceCache::Cpu(c) => c.layout().block_size,
+            #[cfg(feature = "cuda")]
             SliceCache::Cuda(c) => c.layout().block_size,
         }
     }

@@ -20,6 +20,7 @@ use tessera_model::cuda::{CudaLlama, DeviceKv};
 use tessera_model::kv_cache::{KvCache, SeqCache, SeqChunk};
 use tessera_model::llama::Llama;
 use tessera_model::loader;
+use tessera_model::slice::SliceComm;
 use tessera_topology::plan_group;
 
 /// Largest difference allowed between device and CPU logits, relative to the CPU's range.
@@ -102,7 +103,11 @@ fn cuda_logits(
             block_table: &table,
             logits: true,
         };
-        out.extend(model.forward_batch(&[chunk], kv, comm).unwrap());
+        out.extend(
+            model
+                .forward_batch(&[chunk], kv, &mut SliceComm::Host(&mut *comm))
+                .unwrap(),
+        );
         start += tokens.len();
     }
     out
@@ -222,7 +227,7 @@ fn a_batch_of_sequences_gives_each_its_own_logits() {
         },
     ];
     let together = model
-        .forward_batch(&batch, &mut kv, &mut Solo::default())
+        .forward_batch(&batch, &mut kv, &mut SliceComm::Host(&mut Solo::default()))
         .unwrap();
     compare("batch row 0", &alone_a, &together[..1]);
     compare("batch row 1", &alone_b, &together[1..]);
@@ -299,7 +304,11 @@ fn smollm2_greedy_on_the_device_follows_the_cpu() {
             logits: true,
         };
         logits = model
-            .forward_batch(&[chunk], &mut kv, &mut Solo::default())
+            .forward_batch(
+                &[chunk],
+                &mut kv,
+                &mut SliceComm::Host(&mut Solo::default()),
+            )
             .unwrap()
             .remove(0);
     }
@@ -353,7 +362,11 @@ fn batched_decode(model: &CudaLlama, graphs: bool, steps: usize) -> (Vec<Vec<f32
             logits: true,
         };
         let logits = model
-            .forward_batch(&[chunk], &mut kv, &mut Solo::default())
+            .forward_batch(
+                &[chunk],
+                &mut kv,
+                &mut SliceComm::Host(&mut Solo::default()),
+            )
             .unwrap();
         next.push(argmax(&logits[0]) as u32);
     }
@@ -371,7 +384,7 @@ fn batched_decode(model: &CudaLlama, graphs: bool, steps: usize) -> (Vec<Vec<f32
             })
             .collect();
         let logits = model
-            .forward_batch(&chunks, &mut kv, &mut Solo::default())
+            .forward_batch(&chunks, &mut kv, &mut SliceComm::Host(&mut Solo::default()))
             .unwrap();
         next = logits.iter().map(|l| argmax(l) as u32).collect();
         all.extend(logits);

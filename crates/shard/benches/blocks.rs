@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tessera_shard::blocks::BlockAllocator;
+use tessera_shard::blocks::{BlockAllocator, BlockId};
 
 fn allocator(c: &mut Criterion) {
     let mut g = c.benchmark_group("blocks");
@@ -12,7 +12,7 @@ fn allocator(c: &mut Criterion) {
     let mut a = BlockAllocator::new(65_536, 16);
     g.bench_function("allocate+release 64 blocks", |b| {
         b.iter(|| {
-            let blocks: Vec<u32> = (0..64).map(|_| a.allocate().expect("room")).collect();
+            let blocks: Vec<BlockId> = (0..64).map(|_| a.allocate().expect("room")).collect();
             a.release(black_box(&blocks));
         });
     });

@@ -21,8 +21,30 @@
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-/// A block's index in the KV pools.
-pub type BlockId = u32;
+use bytemuck::{Pod, Zeroable};
+
+/// A block's index in the KV pools. `repr(transparent)`, so that a block table is the
+/// `[u32]` the model and its kernels read ([`BlockId::as_u32s`]) without a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Pod, Zeroable)]
+#[repr(transparent)]
+pub struct BlockId(pub u32);
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl BlockId {
+    fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// A block table as the forward pass takes it.
+    pub fn as_u32s(table: &[BlockId]) -> &[u32] {
+        bytemuck::cast_slice(table)
+    }
+}
 
 /// The hash of a token chain up to the end of a full block.
 pub type ChainHash = u64;
@@ -66,7 +88,7 @@ impl BlockAllocator {
             refs: vec![0; num_blocks],
             entries: vec![None; num_blocks],
             released_at: vec![0; num_blocks],
-            free: (0..num_blocks as BlockId).rev().collect(),
+            free: (0..num_blocks as u32).rev().map(BlockId).collect(),
             evictable: BTreeSet::new(),
             by_hash: HashMap::new(),
             clock: 0,
@@ -102,7 +124,7 @@ impl BlockAllocator {
                 b
             }
         };
-        self.refs[block as usize] = 1;
+        self.refs[block.index()] = 1;
         Some(block)
     }
 
@@ -117,7 +139,7 @@ impl BlockAllocator {
             let Some(&b) = self.by_hash.get(&hash) else {
                 break;
             };
-            let matches = self.entries[b as usize]
+            let matches = self.entries[b.index()]
                 .as_ref()
                 .is_some_and(|e| e.parent == parent && *e.tokens == *chunk);
             if !matches {
@@ -136,7 +158,7 @@ impl BlockAllocator {
     /// the same chain, this one stays unregistered (and is freed normally).
     pub fn register(&mut self, block: BlockId, parent: ChainHash, tokens: &[u32]) -> ChainHash {
         let hash = chain_hash(parent, tokens);
-        let b = block as usize;
+        let b = block.index();
         debug_assert!(self.refs[b] > 0 && tokens.len() == self.block_size);
         if self.entries[b].is_none() && !self.by_hash.contains_key(&hash) {
             self.by_hash.insert(hash, block);
@@ -153,7 +175,7 @@ impl BlockAllocator {
     /// (registered) or free.
     pub fn release(&mut self, blocks: &[BlockId]) {
         for &block in blocks {
-            let b = block as usize;
+            let b = block.index();
             debug_assert!(self.refs[b] > 0, "block {block} released twice");
             self.refs[b] = self.refs[b].saturating_sub(1);
             if self.refs[b] > 0 {
@@ -170,7 +192,7 @@ impl BlockAllocator {
     }
 
     fn take_ref(&mut self, block: BlockId) {
-        let b = block as usize;
+        let b = block.index();
         if self.refs[b] == 0 {
             self.evictable.remove(&(self.released_at[b], block));
         }
@@ -178,7 +200,7 @@ impl BlockAllocator {
     }
 
     fn unregister(&mut self, block: BlockId) {
-        if let Some(entry) = self.entries[block as usize].take() {
+        if let Some(entry) = self.entries[block.index()].take() {
             self.by_hash.remove(&entry.hash);
         }
     }
@@ -192,20 +214,20 @@ impl BlockAllocator {
         for table in tables {
             for &b in table {
                 *owners
-                    .get_mut(b as usize)
+                    .get_mut(b.index())
                     .ok_or(format!("block {b} out of range"))? += 1;
             }
         }
         let mut place = vec![0u8; n];
         for &b in &self.free {
-            place[b as usize] += 1;
-            if self.entries[b as usize].is_some() {
+            place[b.index()] += 1;
+            if self.entries[b.index()].is_some() {
                 return Err(format!("free block {b} is registered"));
             }
         }
         for &(at, b) in &self.evictable {
-            place[b as usize] += 1;
-            if self.entries[b as usize].is_none() || self.released_at[b as usize] != at {
+            place[b.index()] += 1;
+            if self.entries[b.index()].is_none() || self.released_at[b.index()] != at {
                 return Err(format!("evictable block {b} is not registered at {at}"));
             }
         }
@@ -219,7 +241,7 @@ impl BlockAllocator {
             }
         }
         for (&hash, &b) in &self.by_hash {
-            match &self.entries[b as usize] {
+            match &self.entries[b.index()] {
                 Some(e) if e.hash == hash => {}
                 _ => {
                     return Err(format!(
@@ -372,7 +394,7 @@ mod tests {
                 // A sequence's cached blocks hold exactly its tokens.
                 for s in &seqs {
                     for (i, &b) in s.table.iter().enumerate().take(s.hashes.len()) {
-                        if let Some(e) = &a.entries[b as usize] {
+                        if let Some(e) = &a.entries[b.index()] {
                             assert_eq!(*e.tokens, s.tokens[i * bs..(i + 1) * bs]);
                         }
                     }

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::{CoordinatorMsg, HeldSeq, PROTOCOL_VERSION, Register, ShardMsg};
 use tessera_comm::{quic, wire};
@@ -15,6 +14,7 @@ use tessera_topology::{PeerId, Rank};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tracing::{debug, info, warn};
 
+use crate::error::ShardError;
 use crate::worker::Command;
 
 /// Where and who this shard is.
@@ -49,7 +49,7 @@ pub async fn run(
     config: ControlConfig,
     commands: mpsc::Sender<Command>,
     mut events: UnboundedReceiver<ShardMsg>,
-) -> anyhow::Result<()> {
+) -> Result<(), ShardError> {
     let config = Arc::new(config);
     let (leaders_tx, mut leaders) = unbounded_channel();
     if config.coordinators.len() > 1 {
@@ -147,10 +147,12 @@ impl Standby {
         }
     }
 
-    async fn hold(&self) -> anyhow::Result<()> {
+    async fn hold(&self) -> Result<(), ShardError> {
         let target = resolve(&self.addr)
             .await
-            .with_context(|| format!("resolving {}", self.addr))?;
+            .ok_or_else(|| ShardError::Resolve {
+                addr: self.addr.clone(),
+            })?;
         let endpoint = quic::client_endpoint_for(target, &self.config.credentials)?;
         let identity = Identity::Coordinator(self.peer);
         let connection = quic::connect(&endpoint, target, &identity).await?;
@@ -163,7 +165,11 @@ impl Standby {
                     debug!(peer, term, "a coordinator peer leads");
                     let _ = self.leaders.send(PeerId(peer));
                 }
-                Some(CoordinatorMsg::Refused { error }) => bail!("{}", error.message),
+                Some(CoordinatorMsg::Refused { error }) => {
+                    return Err(ShardError::Refused {
+                        message: error.message,
+                    });
+                }
                 Some(_) => {}
                 None => return Ok(()),
             }
@@ -192,14 +198,14 @@ const HELD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The journaled sequences the compute thread holds, once every plan of the old
 /// connection has run; none when it does not answer in time.
-async fn held(commands: &mpsc::Sender<Command>) -> anyhow::Result<Vec<HeldSeq>> {
+async fn held(commands: &mpsc::Sender<Command>) -> Result<Vec<HeldSeq>, ShardError> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     commands
         .send(Command::Held(reply))
-        .map_err(|_| anyhow::anyhow!("the compute thread stopped"))?;
+        .map_err(|_| ShardError::ComputeStopped)?;
     match tokio::time::timeout(HELD_TIMEOUT, answer).await {
         Ok(Ok(held)) => Ok(held),
-        Ok(Err(_)) => bail!("the compute thread stopped"),
+        Ok(Err(_)) => Err(ShardError::ComputeStopped),
         Err(_) => {
             warn!("the compute thread did not report its sequences in time; registering without");
             Ok(Vec::new())
@@ -228,7 +234,7 @@ async fn serve(
     commands: &mpsc::Sender<Command>,
     events: &mut UnboundedReceiver<ShardMsg>,
     leaders: &mut UnboundedReceiver<PeerId>,
-) -> anyhow::Result<Ended> {
+) -> Result<Ended, ShardError> {
     let Ok((mut send, mut recv)) = link.connection.open_bi().await else {
         return Ok(Ended::Lost);
     };
@@ -263,15 +269,13 @@ async fn serve(
                         return Ok(Ended::Shutdown);
                     }
                     CoordinatorMsg::Refused { error } => {
-                        bail!("the coordinator refused this shard: {}", error.message);
+                        return Err(ShardError::Refused { message: error.message });
                     }
                     CoordinatorMsg::NotLeader { leader } => {
                         return Ok(Ended::NotLeader(leader.map(PeerId)));
                     }
                 };
-                commands
-                    .send(command)
-                    .map_err(|_| anyhow::anyhow!("the compute thread stopped"))?;
+                commands.send(command).map_err(|_| ShardError::ComputeStopped)?;
             }
             Some(peer) = leaders.recv() => {
                 if peer != link.peer {
@@ -280,7 +284,7 @@ async fn serve(
                 }
             }
             event = events.recv() => {
-                let Some(event) = event else { bail!("the compute thread stopped") };
+                let Some(event) = event else { return Err(ShardError::ComputeStopped) };
                 if wire::write_frame(&mut send, &event).await.is_err() {
                     return Ok(Ended::Lost);
                 }

@@ -1,7 +1,7 @@
 //! Errors of the shard process, each with the class the coordinator sees.
 
-use tessera_comm::CollectiveError;
 use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_comm::{CollectiveError, CommError};
 use tessera_model::ModelError;
 use tessera_topology::Rank;
 
@@ -21,6 +21,26 @@ pub enum ShardError {
     BadPlan { step: u64, message: String },
     #[error("no assignment yet: a step plan arrived before `Assign`")]
     NotAssigned,
+    /// The control connection's framing, TLS or QUIC endpoint.
+    #[error("control connection: {source}")]
+    Comm {
+        #[from]
+        source: CommError,
+    },
+    #[error("connection to the coordinator: {source}")]
+    Connection {
+        #[from]
+        source: quinn::ConnectionError,
+    },
+    #[error("cannot resolve the coordinator address {addr}")]
+    Resolve { addr: String },
+    /// A refusal (another protocol version, an identity the topology does not know):
+    /// retrying would not change it.
+    #[error("the coordinator refused this shard: {message}")]
+    Refused { message: String },
+    /// The compute thread is gone (the process is shutting down).
+    #[error("the compute thread stopped")]
+    ComputeStopped,
 }
 
 impl ShardError {
@@ -28,7 +48,12 @@ impl ShardError {
         match self {
             ShardError::Collective { .. } => ErrorClass::Unavailable,
             ShardError::Model { source } => source.class(),
-            ShardError::BadPlan { .. } | ShardError::NotAssigned => ErrorClass::Internal,
+            ShardError::Comm { source } => source.class(),
+            ShardError::Connection { .. } | ShardError::Resolve { .. } => ErrorClass::Unavailable,
+            ShardError::BadPlan { .. }
+            | ShardError::NotAssigned
+            | ShardError::Refused { .. }
+            | ShardError::ComputeStopped => ErrorClass::Internal,
         }
     }
 

@@ -2,13 +2,16 @@
 //! the coordinator and serves step plans until told to stop (SIGTERM, Ctrl-C or the
 //! coordinator's `Shutdown`).
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, mpsc};
+use std::sync::mpsc;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
 use tessera_comm::certs::{Credentials, Identity};
+#[cfg(feature = "cuda")]
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_model::ModelConfig;
 use tessera_shard::control::{self, ControlConfig};
@@ -69,6 +72,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
             group.tp
         )
     })?;
+    #[cfg(feature = "cuda")]
     let device = match shard.device {
         Device::Cuda(ordinal) => {
             let cache = PtxCache::new(PtxCache::default_dir());
@@ -81,10 +85,19 @@ fn run(args: &Args) -> anyhow::Result<()> {
                 total_memory = device.total_memory(),
                 "device opened, kernels loaded"
             );
-            Some(Arc::new(device))
+            Some(std::sync::Arc::new(device))
         }
         Device::Cpu => None,
     };
+    #[cfg(not(feature = "cuda"))]
+    if let Device::Cuda(_) = shard.device {
+        anyhow::bail!(
+            "group `{}` rank {rank}: {}: this tessera-shard is built without CUDA support \
+             (the `cuda` feature); build it with the default features",
+            group.name,
+            shard.device
+        );
+    }
     let model = topology
         .model(&group.model)
         .ok_or_else(|| anyhow!("model `{}` is not in the topology", group.model))?;
@@ -114,6 +127,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         model_path: model.path.clone(),
         plan,
         kv_memory_bytes: shard.kv_memory_bytes,
+        #[cfg(feature = "cuda")]
         device,
         step_delay: fault_step_delay()?,
     };
@@ -145,7 +159,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .context("installing the SIGTERM handler")?;
         tokio::select! {
-            result = control::run(control, command_tx, event_rx) => result,
+            result = control::run(control, command_tx, event_rx) => Ok(result?),
             _ = terminate.recv() => { info!("SIGTERM: exiting"); Ok(()) }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); Ok(()) }
         }

@@ -7,8 +7,8 @@ use tessera_comm::collective::Solo;
 use tessera_comm::proto::{NewSeq, PrefillChunk, Sampling, SeqId, StepPlan};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use tessera_model::loader;
-use tessera_model::slice::{ModelSlice, SliceCache};
-use tessera_shard::engine::Engine;
+use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
+use tessera_shard::runner::StepRunner;
 use tessera_topology::Rank;
 
 fn model() -> ModelSlice {
@@ -16,13 +16,14 @@ fn model() -> ModelSlice {
     ModelSlice::Cpu(loader::load_weights(&dir).expect("fixture loads"))
 }
 
-fn engine(model: &ModelSlice) -> Engine {
+fn runner(model: &ModelSlice) -> StepRunner {
+    #[allow(irrefutable_let_patterns)] // a CUDA variant exists only with the `cuda` feature
     let ModelSlice::Cpu(llama) = model else {
         unreachable!("the fixture runs on the CPU")
     };
     let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
     let cache = KvCache::new(layout, llama.config().num_hidden_layers, 64);
-    Engine::new(Rank(0), 1, SliceCache::Cpu(cache))
+    StepRunner::new(Rank(0), 1, SliceCache::Cpu(cache))
 }
 
 fn new_seq(seq: u64, request: &str) -> NewSeq {
@@ -64,7 +65,13 @@ fn plan(epoch: u64, step: u64, new: Vec<NewSeq>, decode: &[u64]) -> StepPlan {
 }
 
 /// Tokens of sequence 1 over `steps` steps (the first prefills, the rest decode).
-fn run(model: &ModelSlice, e: &mut Engine, epoch: u64, first_step: u64, steps: u64) -> Vec<u32> {
+fn run(
+    model: &ModelSlice,
+    e: &mut StepRunner,
+    epoch: u64,
+    first_step: u64,
+    steps: u64,
+) -> Vec<u32> {
     let mut comm = Solo::default();
     let mut tokens = Vec::new();
     for i in 0..steps {
@@ -74,7 +81,9 @@ fn run(model: &ModelSlice, e: &mut Engine, epoch: u64, first_step: u64, steps: u
         } else {
             plan(epoch, step, Vec::new(), &[1, 2])
         };
-        let out = e.step(model, &p, &mut comm).expect("step runs");
+        let out = e
+            .step(model, &p, &mut SliceComm::Host(&mut comm))
+            .expect("step runs");
         tokens.extend(
             out.tokens
                 .iter()
@@ -88,11 +97,11 @@ fn run(model: &ModelSlice, e: &mut Engine, epoch: u64, first_step: u64, steps: u
 #[test]
 fn a_carried_sequence_continues_with_the_same_tokens() {
     let model = model();
-    let mut straight = engine(&model);
+    let mut straight = runner(&model);
     let expected = run(&model, &mut straight, 1, 0, 8);
     assert_eq!(expected.len(), 8);
 
-    let mut first = engine(&model);
+    let mut first = runner(&model);
     let before = run(&model, &mut first, 1, 0, 5);
     assert_eq!(before, expected[..5]);
     // Only the journaled sequence is reported, with what a new leader needs.
@@ -118,14 +127,22 @@ fn a_carried_sequence_continues_with_the_same_tokens() {
     let mut after = Vec::new();
     for step in 0..3 {
         let out = second
-            .step(&model, &plan(2, step, Vec::new(), &[1]), &mut comm)
+            .step(
+                &model,
+                &plan(2, step, Vec::new(), &[1]),
+                &mut SliceComm::Host(&mut comm),
+            )
             .expect("decode of the carried sequence");
         after.extend(out.tokens.iter().map(|t| t.token));
     }
     assert_eq!(after, expected[5..]);
     // A decode of the sequence not kept is refused.
     let err = second
-        .step(&model, &plan(2, 3, Vec::new(), &[2]), &mut comm)
+        .step(
+            &model,
+            &plan(2, 3, Vec::new(), &[2]),
+            &mut SliceComm::Host(&mut comm),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("unknown sequence 2"), "{err}");
 }

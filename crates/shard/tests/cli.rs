@@ -114,6 +114,7 @@ fn missing_certificates_say_how_to_make_them() {
 
 /// A shard asked for `cuda:0` where there is no NVIDIA driver says so and exits, before
 /// it reads any weights or connects anywhere.
+#[cfg(feature = "cuda")]
 #[test]
 fn a_cuda_device_without_a_driver_is_a_clear_error() {
     if tessera_kernels::cuda::device::driver_present() {
@@ -137,5 +138,27 @@ fn a_cuda_device_without_a_driver_is_a_clear_error() {
         err.contains("no CUDA driver: libcuda.so was not found"),
         "{err}"
     );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A shard built without the `cuda` feature, asked for `cuda:0`, says that this build
+/// cannot run it and how to get one that can, before it reads any weights.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_cuda_device_in_a_build_without_cuda_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = topology_with(dir.path(), 1, "cuda:0");
+    let err = fails(&[
+        "--topology",
+        t.to_str().expect("utf-8 path"),
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--certs",
+        "/x",
+    ]);
+    assert!(err.contains("cuda:0"), "{err}");
+    assert!(err.contains("built without CUDA support"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }

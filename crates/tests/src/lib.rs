@@ -7,6 +7,8 @@
 //! process group, logs to a file in the cluster's directory, and is killed when the
 //! [`Cluster`] is dropped; a failing test prints the logs.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::fs::File;
 use std::net::{TcpListener, UdpSocket};

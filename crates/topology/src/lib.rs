@@ -20,6 +20,8 @@
 //!
 //! The file format, its defaults and every rule are documented in `docs/topology.md`.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod issue;
 mod parse;

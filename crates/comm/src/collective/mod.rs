@@ -176,12 +176,6 @@ pub trait Collective: Send + fmt::Debug {
 
     /// Counters since creation.
     fn stats(&self) -> CollectiveStats;
-
-    /// The NCCL communicator behind this collective, for callers whose buffers live on
-    /// the device (they skip the copies through host memory); `None` for host backends.
-    fn nccl(&mut self) -> Option<&mut crate::nccl::NcclGroup> {
-        None
-    }
 }
 
 /// The group of one: tensor parallelism 1. Every operation is the identity.

@@ -12,6 +12,8 @@
 
 use tessera_comm::Collective;
 use tessera_comm::Solo;
+
+use crate::slice::SliceComm;
 use tessera_kernels::cuda::{AttentionIndex, CudaSlice, Graph, Ops, Slots};
 use tracing::{info, warn};
 
@@ -260,7 +262,14 @@ impl CudaLlama {
         kv: &mut DeviceKv,
         logits: &mut CudaSlice<f32>,
     ) -> Result<(), ModelError> {
-        self.pass(ops, s, slots, index, kv, &mut Solo::default())?;
+        self.pass(
+            ops,
+            s,
+            slots,
+            index,
+            kv,
+            &mut SliceComm::Host(&mut Solo::default()),
+        )?;
         ops.round_bf16(&mut s.h16, &s.h)?;
         let h = Input {
             f32: &s.h,

@@ -8,9 +8,11 @@
 //! (f32 sums), or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
 //! residual stream are f32; the KV cache is bf16.
 //!
-//! Between ranks, the all-reduces and the logits' all-gather go through the group's
-//! [`Collective`] on host memory (device → host → ring → device): the CPU collective
-//! between GPU shards, which lets tp > 1 run on one GPU.
+//! Between ranks, the pass takes its group's collective as a [`SliceComm`]: an NCCL group
+//! all-reduces the device buffers where they are; a [`Collective`](tessera_comm::Collective) on host memory is
+//! staged through it (device → host → ring → device), the CPU collective between GPU
+//! shards that lets tp > 1 run on one GPU. The logits' all-gather is small and always goes
+//! through the host.
 
 mod graph;
 mod kv;
@@ -18,7 +20,6 @@ mod weights;
 
 use std::sync::Arc;
 
-use tessera_comm::Collective;
 use tessera_kernels::attention::KvLayout;
 use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStream, Ops, Slots};
 use tessera_kernels::rope::RopePairing;
@@ -29,6 +30,7 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
+use crate::slice::SliceComm;
 pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
 use kv::{Scratch, Widths};
 use weights::{DeviceLinear, Input};
@@ -224,17 +226,19 @@ impl CudaLlama {
         &self,
         batch: &[SeqChunk<'_>],
         kv: &mut DeviceKv,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
-        self.sharding.check_collective(comm)?;
+        self.sharding.check_collective(comm.host())?;
         let layout = kv.layout();
         let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, kv.num_blocks()))?;
         let n = ix.tokens.len();
         check_kv_layout(self.kv_layout(), layout)?;
         let ops = self.ops();
-        if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm)? {
-            return self.sharding.gather_logits(&rows, ix.wanted.len(), comm);
+        if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm.host())? {
+            return self
+                .sharding
+                .gather_logits(&rows, ix.wanted.len(), comm.host());
         }
         let widths = self.widths();
         let mut s = match kv.scratch.take() {
@@ -248,7 +252,8 @@ impl CudaLlama {
             return Ok(Vec::new()); // no chunk wants logits
         };
         let logits = self.logits(&ops, &normed, ix.wanted.len())?;
-        self.sharding.gather_logits(&logits, ix.wanted.len(), comm)
+        self.sharding
+            .gather_logits(&logits, ix.wanted.len(), comm.host())
     }
 
     fn widths(&self) -> Widths {
@@ -273,7 +278,7 @@ impl CudaLlama {
         ix: &BatchIndex,
         s: &mut Scratch,
         kv: &mut DeviceKv,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<Option<CudaSlice<f32>>, ModelError> {
         let layout = kv.layout();
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
@@ -308,7 +313,7 @@ impl CudaLlama {
         slots: &Slots,
         index: &mut AttentionIndex,
         kv: &mut DeviceKv,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let eps = c.rms_norm_eps;
@@ -408,19 +413,21 @@ impl CudaLlama {
         &self,
         ops: &Ops<'_>,
         buf: &mut CudaSlice<f32>,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<(), ModelError> {
         if comm.world_size() == 1 {
             return Ok(());
         }
-        if let Some(nccl) = comm.nccl() {
-            nccl.all_reduce_sum(buf)
-                .map_err(|e| e.in_op(tessera_comm::collective::Op::AllReduce))?;
-            return Ok(());
+        match comm {
+            SliceComm::Nccl(nccl) => nccl
+                .all_reduce_sum(buf)
+                .map_err(|e| e.in_op(tessera_comm::collective::Op::AllReduce).into()),
+            SliceComm::Host(host_comm) => {
+                let mut host = ops.download(buf)?;
+                host_comm.all_reduce_sum(&mut host)?;
+                ops.copy_to_device(&host, buf)?;
+                Ok(())
+            }
         }
-        let mut host = ops.download(buf)?;
-        comm.all_reduce_sum(&mut host)?;
-        ops.copy_to_device(&host, buf)?;
-        Ok(())
     }
 }

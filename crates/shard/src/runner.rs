@@ -7,7 +7,7 @@
 //! chunk and decode token of the step. A sequence samples when its prompt is complete and
 //! on every decode. Rank 0 samples; the sampled tokens (and whether each sequence
 //! finished) reach the other ranks through one broadcast per step, so no rank waits for
-//! the coordinator to learn a token. The engine reads no clock and does no I/O; the
+//! the coordinator to learn a token. The runner reads no clock and does no I/O; the
 //! worker thread drives it.
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use tessera_comm::proto::{
 };
 use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
 use tessera_model::kv_cache::SeqChunk;
-use tessera_model::slice::{ModelSlice, SliceCache};
+use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
 use tessera_topology::Rank;
 
 use crate::blocks::{BlockAllocator, BlockId, ChainHash};
@@ -80,7 +80,7 @@ struct Run {
 
 /// The sequences of one epoch on one rank.
 #[derive(Debug)]
-pub struct Engine {
+pub struct StepRunner {
     rank: Rank,
     epoch: u64,
     next_step: u64,
@@ -89,10 +89,10 @@ pub struct Engine {
     seqs: HashMap<SeqId, Seq>,
 }
 
-impl Engine {
-    pub fn new(rank: Rank, epoch: u64, cache: SliceCache) -> Engine {
+impl StepRunner {
+    pub fn new(rank: Rank, epoch: u64, cache: SliceCache) -> StepRunner {
         let blocks = BlockAllocator::new(cache.num_blocks(), cache.block_size());
-        Engine {
+        StepRunner {
             rank,
             epoch,
             next_step: 0,
@@ -126,9 +126,9 @@ impl Engine {
         held
     }
 
-    /// This engine's cache and the sequences of `keep` (those it holds), for `epoch`;
+    /// This runner's cache and the sequences of `keep` (those it holds), for `epoch`;
     /// every other sequence is freed. Returns the sequences carried.
-    pub fn carry(mut self, epoch: u64, keep: &[SeqId]) -> (Engine, Vec<SeqId>) {
+    pub fn carry(mut self, epoch: u64, keep: &[SeqId]) -> (StepRunner, Vec<SeqId>) {
         let keep: std::collections::HashSet<SeqId> = keep.iter().copied().collect();
         let dropped: Vec<SeqId> = self
             .seqs
@@ -168,7 +168,7 @@ impl Engine {
         &mut self,
         model: &ModelSlice,
         plan: &StepPlan,
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<StepOutput, ShardError> {
         let bad = |message: String| ShardError::BadPlan {
             step: plan.step,
@@ -217,7 +217,7 @@ impl Engine {
             seq.computed = run.end;
             register_full_blocks(&mut self.blocks, seq);
         }
-        for t in share_samples(sampled, self.rank, comm)? {
+        for t in share_samples(sampled, self.rank, comm.host())? {
             let seq = self.seqs.get_mut(&t.seq).expect("sampled sequences exist");
             seq.tokens.push(t.token);
             seq.finished = t.finish.is_some();
@@ -340,7 +340,7 @@ impl Engine {
         &mut self,
         model: &ModelSlice,
         runs: &[Run],
-        comm: &mut dyn Collective,
+        comm: &mut SliceComm<'_>,
     ) -> Result<Vec<Vec<f32>>, ShardError> {
         let chunks: Vec<SeqChunk<'_>> = runs
             .iter()
@@ -349,7 +349,7 @@ impl Engine {
                 SeqChunk {
                     tokens: &seq.tokens[run.start..run.end],
                     start: run.start,
-                    block_table: &seq.table,
+                    block_table: BlockId::as_u32s(&seq.table),
                     logits: run.samples,
                 }
             })

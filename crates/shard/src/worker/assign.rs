@@ -1,0 +1,178 @@
+//! Taking an assignment: load the slice (once, kept across epochs), join the epoch's
+//! collective on host memory, and size the KV cache or carry the last epoch's.
+//!
+//! An NCCL group joins in steps of its own (`super::nccl`); it ends here too, in
+//! [`finish`], once its communicator exists.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_comm::Collective;
+use tessera_comm::collective::connect::connect;
+use tessera_comm::collective::{CollectiveConfig, CollectiveStats};
+#[cfg(feature = "cuda")]
+use tessera_comm::nccl::NcclGroup;
+use tessera_comm::proto::{Assignment, Ready, ShardMsg};
+use tessera_model::llama::LoadProgress;
+use tessera_model::loader;
+use tessera_model::slice::{ModelSlice, SliceComm};
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::info;
+
+use super::WorkerConfig;
+use crate::error::ShardError;
+use crate::runner::StepRunner;
+
+/// How often loading progress is reported.
+const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// The epoch this rank is serving, under the coordinator term that assigned it.
+pub(crate) struct Active {
+    pub(crate) term: u64,
+    pub(crate) comm: GroupComm,
+    pub(crate) runner: StepRunner,
+}
+
+/// The collective of an epoch, as this rank owns it.
+pub(crate) enum GroupComm {
+    /// Shared memory, the TCP ring, or the group of one.
+    Host(Box<dyn Collective>),
+    /// The group's NCCL communicator (a GPU group); it also serves host buffers.
+    #[cfg(feature = "cuda")]
+    Nccl(Box<NcclGroup>),
+}
+
+impl GroupComm {
+    /// The collective as a step takes it.
+    pub(crate) fn for_step(&mut self) -> SliceComm<'_> {
+        match self {
+            GroupComm::Host(comm) => SliceComm::Host(comm.as_mut()),
+            #[cfg(feature = "cuda")]
+            GroupComm::Nccl(group) => SliceComm::Nccl(group.as_mut()),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> CollectiveStats {
+        match self {
+            GroupComm::Host(comm) => comm.stats(),
+            #[cfg(feature = "cuda")]
+            GroupComm::Nccl(group) => group.stats(),
+        }
+    }
+}
+
+/// Joins a host-memory collective (shared memory, the TCP ring) and says `Ready`.
+pub(super) fn join_host(
+    config: &WorkerConfig,
+    slice: Arc<ModelSlice>,
+    assignment: Assignment,
+    carried: Option<StepRunner>,
+) -> Result<(Active, Ready), ShardError> {
+    let comm = connect(
+        &assignment.bootstrap,
+        config.rank,
+        config.tp,
+        &assignment.token,
+        collective_config(&assignment),
+    )?;
+    finish(config, slice, assignment, carried, GroupComm::Host(comm))
+}
+
+pub(super) fn collective_config(assignment: &Assignment) -> CollectiveConfig {
+    CollectiveConfig {
+        deadline: Duration::from_millis(assignment.collective_deadline_ms),
+        ..CollectiveConfig::default()
+    }
+}
+
+/// The slice, loaded on first use and kept for later epochs.
+pub(super) fn load_once(
+    config: &WorkerConfig,
+    model: &mut Option<Arc<ModelSlice>>,
+    assignment: &Assignment,
+    events: &UnboundedSender<ShardMsg>,
+) -> Result<Arc<ModelSlice>, ShardError> {
+    if let Some(m) = model {
+        return Ok(Arc::clone(m));
+    }
+    let epoch = assignment.epoch;
+    let started = Instant::now();
+    let mut reported = Instant::now();
+    let mut on_layer = |p: LoadProgress| {
+        // At most a few messages a second, and always the last layer.
+        if p.layers_done == p.layers || reported.elapsed() >= LOAD_PROGRESS_EVERY {
+            reported = Instant::now();
+            info!(
+                layers_done = p.layers_done,
+                layers = p.layers,
+                weight_bytes = p.weight_bytes,
+                "loading"
+            );
+            let _ = events.send(ShardMsg::Loading {
+                epoch,
+                layers_done: u32::try_from(p.layers_done).unwrap_or(u32::MAX),
+                layers: u32::try_from(p.layers).unwrap_or(u32::MAX),
+                weight_bytes: p.weight_bytes as u64,
+            });
+        }
+    };
+    let llama = loader::load_rank_with_progress(
+        &config.model_path,
+        &config.plan,
+        config.tp,
+        &mut on_layer,
+    )?;
+    #[cfg(feature = "cuda")]
+    let slice = match &config.device {
+        Some(device) => ModelSlice::upload(llama, Arc::clone(device))?,
+        None => ModelSlice::cpu(llama),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let slice = ModelSlice::cpu(llama);
+    let loaded = Arc::new(slice);
+    info!(
+        rank = %config.rank,
+        weight_bytes = loaded.weight_bytes(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "weights loaded"
+    );
+    *model = Some(Arc::clone(&loaded));
+    Ok(loaded)
+}
+
+/// Sizes the KV cache (or carries the last epoch's and the sequences the assignment
+/// keeps) and says `Ready`.
+pub(super) fn finish(
+    config: &WorkerConfig,
+    slice: Arc<ModelSlice>,
+    assignment: Assignment,
+    carried: Option<StepRunner>,
+    comm: GroupComm,
+) -> Result<(Active, Ready), ShardError> {
+    let epoch = assignment.epoch;
+    let (runner, kept) = match carried {
+        Some(runner) => runner.carry(epoch, &assignment.keep),
+        None => {
+            let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
+            let cache = slice.new_cache(budget)?;
+            (StepRunner::new(config.rank, epoch, cache), Vec::new())
+        }
+    };
+    let blocks = runner.num_blocks();
+    info!(epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
+    let ready = Ready {
+        epoch,
+        kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+        block_size: runner.block_size() as u32,
+        weight_bytes: slice.weight_bytes() as u64,
+        kept,
+    };
+    Ok((
+        Active {
+            term: assignment.term,
+            comm,
+            runner,
+        },
+        ready,
+    ))
+}
