@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use tessera_comm::proto::{FinishReason, Sampling, WireError};
 use tokio::sync::mpsc;
 
+use crate::error::CoordinatorError;
+
 pub use tessera_comm::proto::TokenLogprobs;
 
 /// One sequence to generate, already validated and tokenized by the API layer (and, as
@@ -75,11 +77,7 @@ pub async fn collect(mut stream: TokenStream) -> Result<GenerateOutput, WireErro
             });
         }
     }
-    Err(WireError {
-        class: tessera_comm::proto::ErrorClass::Internal,
-        message: "the sequence's stream ended without a finish".into(),
-        rank: None,
-    })
+    Err(CoordinatorError::StreamEndedEarly.into())
 }
 
 /// A boxed future, so that [`Engine`] stays object-safe.
@@ -119,11 +117,7 @@ pub trait Engine: Send + Sync + 'static {
     /// have no peers to change.
     fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
         let _ = change;
-        Box::pin(std::future::ready(Err(WireError {
-            class: tessera_comm::proto::ErrorClass::InvalidRequest,
-            message: "this coordinator is not replicated: it has no peers to change".into(),
-            rank: None,
-        })))
+        Box::pin(std::future::ready(Err(CoordinatorError::NotReplicated.into())))
     }
 }
 

@@ -16,12 +16,13 @@ mod journal;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
-use tessera_topology::Topology;
+use tessera_comm::proto::{FinishReason, WireError};
+use tessera_topology::{PeerId, Topology};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
+use crate::error::CoordinatorError;
 use crate::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, PeerStatus,
     Resumed, TokenStream,
@@ -242,18 +243,15 @@ impl Leadership {
 
     /// Why this peer cannot take a request: another leads, or none does yet.
     pub fn not_leader(&self) -> WireError {
-        let message = match self.other_leader() {
-            Some((id, http)) => format!(
-                "this coordinator peer ({}) is not the leader; peer {id} at http://{http} is",
-                self.me
-            ),
-            None => "no coordinator leader is elected yet; retry in a few seconds".into(),
+        let error = match self.other_leader() {
+            Some((leader, http)) => CoordinatorError::NotLeader {
+                me: PeerId(self.me),
+                leader: PeerId(leader),
+                http,
+            },
+            None => CoordinatorError::NoLeader,
         };
-        WireError {
-            class: ErrorClass::Unavailable,
-            message,
-            rank: None,
-        }
+        error.into()
     }
 
     /// Every peer of the configuration, as this peer sees them.
@@ -415,6 +413,29 @@ impl Leadership {
     }
 }
 
+/// The Raft membership change that makes `change`, checked against the current `voters`.
+fn membership_change(change: PeerChange, voters: &[u64]) -> Result<MembershipChange, CoordinatorError> {
+    match change {
+        PeerChange::Add { id, http, quic } => {
+            if voters.contains(&id) {
+                return Err(CoordinatorError::AlreadyMember { id: PeerId(id) });
+            }
+            Ok(MembershipChange::Join { id, http, quic })
+        }
+        PeerChange::Remove { id } => {
+            if !voters.contains(&id) {
+                let members = voters.iter().copied().map(PeerId).collect();
+                let id = PeerId(id);
+                return Err(CoordinatorError::NotMember { id, members });
+            }
+            if voters.len() == 1 {
+                return Err(CoordinatorError::LastPeer);
+            }
+            Ok(MembershipChange::Leave { id })
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -440,29 +461,13 @@ impl Engine for Leadership {
             match self.node.propose(accept, JOURNAL_TIMEOUT).await {
                 Ok(applied) if applied.outcome == Outcome::Applied => {}
                 Ok(applied) => {
-                    return Err(WireError {
-                        class: ErrorClass::InvalidRequest,
-                        message: format!(
-                            "request {id} is already journaled ({:?})",
-                            applied.outcome
-                        ),
-                        rank: None,
-                    });
+                    let outcome = applied.outcome;
+                    return Err(CoordinatorError::AlreadyJournaled { id, outcome }.into());
                 }
-                Err(error) => {
-                    return Err(WireError {
-                        class: ErrorClass::Unavailable,
-                        message: format!("the request could not be journaled: {error}"),
-                        rank: None,
-                    });
-                }
+                Err(source) => return Err(CoordinatorError::NotJournaled { source }.into()),
             }
             let Some(tail) = self.tails.open(&id, Vec::new()) else {
-                return Err(WireError {
-                    class: ErrorClass::InvalidRequest,
-                    message: format!("request {id} is running already"),
-                    rank: None,
-                });
+                return Err(CoordinatorError::AlreadyRunning { id }.into());
             };
             let (journal, events) = mpsc::unbounded_channel();
             tokio::spawn(journal::write(
@@ -531,41 +536,13 @@ impl Engine for Leadership {
             if self.cluster_soon().await.is_none() {
                 return Err(self.not_leader());
             }
-            let voters = self.node.voters();
-            let invalid = |message: String| WireError {
-                class: ErrorClass::InvalidRequest,
-                message,
-                rank: None,
-            };
-            let membership = match change {
-                PeerChange::Add { id, http, quic } => {
-                    if voters.contains(&id) {
-                        return Err(invalid(format!("peer {id} is a member already")));
-                    }
-                    MembershipChange::Join { id, http, quic }
-                }
-                PeerChange::Remove { id } => {
-                    if !voters.contains(&id) {
-                        return Err(invalid(format!(
-                            "peer {id} is not a member (members: {voters:?})"
-                        )));
-                    }
-                    if voters.len() == 1 {
-                        return Err(invalid("the last peer cannot be removed".into()));
-                    }
-                    MembershipChange::Leave { id }
-                }
-            };
+            let membership = membership_change(change, &self.node.voters())?;
             info!(change = ?membership, "membership change");
             self.node
                 .change_membership(membership, MEMBERSHIP_TIMEOUT)
                 .await
                 .map(|_| ())
-                .map_err(|error| WireError {
-                    class: ErrorClass::Unavailable,
-                    message: format!("the membership change was not committed: {error}"),
-                    rank: None,
-                })
+                .map_err(|source| CoordinatorError::MembershipNotCommitted { source }.into())
         })
     }
 

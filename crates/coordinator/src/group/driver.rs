@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, HeldSeq, Ready, SeqId, ShardMsg, StepDone,
-    WireError,
+    Assignment, Bootstrap, CoordinatorMsg, HeldSeq, Ready, SeqId, ShardMsg, StepDone, WireError,
 };
 use tessera_comm::wire;
 use tessera_topology::Rank;
@@ -29,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::scheduler::{Admitted, Adopted, Emitted, Refused, Scheduler, SchedulerConfig};
 use super::{GroupCommand, GroupHandle, ShardLink, Shared, TokenSender};
+use crate::error::CoordinatorError;
 use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
 use crate::metrics as m;
 use crate::replication::state::Command;
@@ -294,27 +294,20 @@ impl Driver {
                 needed_blocks,
                 kv_blocks,
             }) => {
-                let _ = reply.send(Err(WireError {
-                    class: ErrorClass::InvalidRequest,
-                    message: format!(
-                        "the request needs {needed_blocks} KV blocks but group {} holds \
-                         {kv_blocks}; shorten the prompt or max_tokens",
-                        self.config.name
-                    ),
-                    rank: None,
-                }));
+                let group = self.config.name.clone();
+                let error = CoordinatorError::TooLarge {
+                    group,
+                    needed_blocks,
+                    kv_blocks,
+                };
+                let _ = reply.send(Err(error.into()));
             }
             Err(Refused::QueueFull { waiting }) => {
                 metrics::counter!(m::SCHED_REJECTED, "group" => self.config.name.clone())
                     .increment(1);
-                let _ = reply.send(Err(WireError {
-                    class: ErrorClass::CapacityExhausted,
-                    message: format!(
-                        "group {} has {waiting} requests waiting; retry later",
-                        self.config.name
-                    ),
-                    rank: None,
-                }));
+                let group = self.config.name.clone();
+                let error = CoordinatorError::QueueFull { group, waiting };
+                let _ = reply.send(Err(error.into()));
             }
         }
     }
@@ -570,13 +563,12 @@ impl Driver {
             _ => self.sched.expire(now, limits.queue_wait, self.down_since),
         };
         for seq in expired {
-            let message = format!(
-                "group {} did not become ready within {} s{}",
-                self.config.name,
-                limits.queue_wait.as_secs(),
-                self.missing_ranks()
-            );
-            self.fail(seq, ErrorClass::Unavailable, message, None);
+            let error = CoordinatorError::NotReady {
+                group: self.config.name.clone(),
+                waited_s: limits.queue_wait.as_secs(),
+                missing: self.missing_ranks(),
+            };
+            self.fail(seq, error);
         }
         match &self.state {
             State::Serving { .. } => {
@@ -738,19 +730,20 @@ impl Driver {
         let lost = self.sched.fence();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
         warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
-        let message = format!("group {}: {reason}", self.config.name);
         for seq in lost {
-            self.fail(seq, ErrorClass::Unavailable, message.clone(), Some(rank));
+            let error = CoordinatorError::Fenced {
+                group: self.config.name.clone(),
+                rank,
+                reason: reason.clone(),
+            };
+            self.fail(seq, error);
         }
     }
 
-    fn fail(&mut self, seq: SeqId, class: ErrorClass, message: String, rank: Option<Rank>) {
+    /// Ends `seq`'s token stream with `error`.
+    fn fail(&mut self, seq: SeqId, error: CoordinatorError) {
         if let Some(events) = self.waiting.remove(&seq) {
-            let _ = events.send(Err(WireError {
-                class,
-                message,
-                rank,
-            }));
+            let _ = events.send(Err(error.into()));
         }
     }
 
@@ -761,16 +754,11 @@ impl Driver {
         }
     }
 
-    fn missing_ranks(&self) -> String {
-        let missing: Vec<String> = (0..self.config.tp)
+    /// The ranks not connected.
+    fn missing_ranks(&self) -> Vec<usize> {
+        (0..self.config.tp)
             .filter(|&r| self.links[r].is_none())
-            .map(|r| r.to_string())
-            .collect();
-        if missing.is_empty() {
-            String::new()
-        } else {
-            format!(" (rank {} not connected)", missing.join(", "))
-        }
+            .collect()
     }
 
     fn shard_state(&mut self, rank: Rank, state: &'static str) {
