@@ -31,6 +31,19 @@ pub enum PeerMsg {
     Raft(Vec<u8>),
 }
 
+/// Why a Raft message did not reach its peer's stream. Raft hears of it as an unreachable
+/// peer and retries on its own schedule; the error itself is only logged.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("the raft message to peer {to} does not encode: {source}")]
+    Encode { to: u64, source: protobuf::ProtobufError },
+    #[error("writing to peer {to} failed: {source}")]
+    Write {
+        to: u64,
+        source: tessera_comm::CommError,
+    },
+}
+
 /// Messages queued for one peer before new ones are reported unreachable.
 const QUEUE: usize = 512;
 /// How long dialing a peer may take.
@@ -169,9 +182,17 @@ impl Link {
         Some((connection, send))
     }
 
-    async fn write(&self, send: &mut quinn::SendStream, message: &Message) -> anyhow::Result<()> {
-        let bytes = message.write_to_bytes()?;
-        wire::write_frame(send, &PeerMsg::Raft(bytes)).await?;
+    async fn write(
+        &self,
+        send: &mut quinn::SendStream,
+        message: &Message,
+    ) -> Result<(), TransportError> {
+        let bytes = message
+            .write_to_bytes()
+            .map_err(|source| TransportError::Encode { to: self.to, source })?;
+        wire::write_frame(send, &PeerMsg::Raft(bytes))
+            .await
+            .map_err(|source| TransportError::Write { to: self.to, source })?;
         if is_snapshot(message)
             && let Some(node) = self.node.get()
         {
