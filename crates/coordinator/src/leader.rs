@@ -3,14 +3,15 @@
 //! plans of an older term), and when it stops leading it drops that cluster, which closes
 //! the shards' connections so they register with the new leader.
 //!
-//! As the API's [`Engine`], it journals each request before the request starts: an
+//! As the API's [`Engine`](crate::engine::Engine) ([`engine`]), it journals each request before the request starts: an
 //! `Accept` entry is committed first, then the tokens are checkpointed as they come
 //! (`Progress`, batched by the commit latency), and the end (`Finish`). A new leader
 //! resumes every request the journal holds open: it runs the prompt plus the tokens
 //! already checkpointed, for the tokens still to come ([`journal`]), and a client that
 //! reconnects reads the request's tail from any token offset on
-//! ([`Engine::resume`]).
+//! ([`Engine::resume`](crate::engine::Engine::resume)).
 
+mod engine;
 mod journal;
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -22,16 +23,12 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
+use crate::engine::PeerStatus;
 use crate::error::CoordinatorError;
-use crate::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, PeerStatus,
-    Resumed, TokenStream,
-};
 use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
-use crate::replication::peer::MembershipChange;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, ModelRecord, Outcome};
+use crate::replication::state::{Command, Journaled, ModelRecord};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
@@ -413,160 +410,8 @@ impl Leadership {
     }
 }
 
-/// The Raft membership change that makes `change`, checked against the current `voters`.
-fn membership_change(change: PeerChange, voters: &[u64]) -> Result<MembershipChange, CoordinatorError> {
-    match change {
-        PeerChange::Add { id, http, quic } => {
-            if voters.contains(&id) {
-                return Err(CoordinatorError::AlreadyMember { id: PeerId(id) });
-            }
-            Ok(MembershipChange::Join { id, http, quic })
-        }
-        PeerChange::Remove { id } => {
-            if !voters.contains(&id) {
-                let members = voters.iter().copied().map(PeerId).collect();
-                let id = PeerId(id);
-                return Err(CoordinatorError::NotMember { id, members });
-            }
-            if voters.len() == 1 {
-                return Err(CoordinatorError::LastPeer);
-            }
-            Ok(MembershipChange::Leave { id })
-        }
-    }
-}
-
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-impl Engine for Leadership {
-    fn generate(
-        &self,
-        id: String,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
-        Box::pin(async move {
-            let Some(cluster) = self.cluster_soon().await else {
-                return Err(self.not_leader());
-            };
-            cluster.admission(&request.model)?;
-            let accept = Command::Accept {
-                id: id.clone(),
-                request: request.clone(),
-                at_ms: now_ms(),
-            };
-            match self.node.propose(accept, JOURNAL_TIMEOUT).await {
-                Ok(applied) if applied.outcome == Outcome::Applied => {}
-                Ok(applied) => {
-                    let outcome = applied.outcome;
-                    return Err(CoordinatorError::AlreadyJournaled { id, outcome }.into());
-                }
-                Err(source) => return Err(CoordinatorError::NotJournaled { source }.into()),
-            }
-            let Some(tail) = self.tails.open(&id, Vec::new()) else {
-                return Err(CoordinatorError::AlreadyRunning { id }.into());
-            };
-            let (journal, events) = mpsc::unbounded_channel();
-            tokio::spawn(journal::write(
-                self.node.clone(),
-                id.clone(),
-                Vec::new(),
-                events,
-                self.tails.clone(),
-            ));
-            match cluster.generate(id, request).await {
-                Ok(inner) => {
-                    let (client, stream) = mpsc::unbounded_channel();
-                    tokio::spawn(journal::pump(inner, tail, journal, Some(client)));
-                    Ok(stream)
-                }
-                Err(error) => {
-                    // Refused by the group: it never started, so it ends here.
-                    let _ = journal.send(journal::JournalEvent::End(Ending::Cancelled));
-                    Err(error)
-                }
-            }
-        })
-    }
-
-    fn admission(&self, model: &str) -> Result<(), WireError> {
-        // Without the groups here, `generate` waits for an election or names the leader.
-        self.cluster().map_or(Ok(()), |c| c.admission(model))
-    }
-
-    fn ready(&self, model: &str) -> bool {
-        self.cluster().is_some_and(|c| c.ready(model))
-    }
-
-    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
-        Box::pin(async move {
-            let Some(cluster) = self.cluster_soon().await else {
-                return Err(self.not_leader());
-            };
-            let key = id.clone();
-            let entry = self.node.read(move |s| s.journal.get(&key).cloned()).await;
-            let Some(entry) = entry.flatten() else {
-                return Ok(None);
-            };
-            let tail = match (self.tails.get(&id), entry.finished) {
-                (Some(tail), _) => tail,
-                (None, Some((reason, _))) => {
-                    let end = reason.map_or(Ending::Cancelled, Ending::Finished);
-                    watch::channel(Tail {
-                        tokens: entry.sent.clone(),
-                        end: Some(end),
-                    })
-                    .1
-                }
-                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
-            };
-            Ok(Some(Resumed {
-                request: entry.request,
-                accepted_ms: entry.accepted_ms,
-                tokens: journal::follow(tail),
-            }))
-        })
-    }
-
-    fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
-        Box::pin(async move {
-            if self.cluster_soon().await.is_none() {
-                return Err(self.not_leader());
-            }
-            let membership = membership_change(change, &self.node.voters())?;
-            info!(change = ?membership, "membership change");
-            self.node
-                .change_membership(membership, MEMBERSHIP_TIMEOUT)
-                .await
-                .map(|_| ())
-                .map_err(|source| CoordinatorError::MembershipNotCommitted { source }.into())
-        })
-    }
-
-    fn status(&self) -> ClusterStatus {
-        let groups = self
-            .cluster()
-            .map(|c| c.status().groups)
-            .unwrap_or_default();
-        let models = self
-            .node
-            .summary()
-            .borrow()
-            .models
-            .iter()
-            .map(|(name, m)| ModelStatus {
-                name: name.clone(),
-                path: m.path.clone(),
-                groups: m.groups.clone(),
-            })
-            .collect();
-        ClusterStatus {
-            peers: self.peers(),
-            models,
-            groups,
-        }
-    }
 }
