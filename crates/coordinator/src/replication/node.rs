@@ -15,7 +15,7 @@ use raft::prelude::{Message, MessageType};
 use tokio::sync::{oneshot, watch};
 use tracing::{error, info};
 
-use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposeError, Role, TICK};
+use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposalRefused, Role, TICK};
 use super::state::{ClusterState, Command, Summary};
 
 /// Where a peer's messages go. Sending never blocks: a transport queues, and reports a
@@ -24,11 +24,12 @@ pub trait Transport: Send + 'static {
     fn send(&mut self, message: Message);
 }
 
-/// Why a proposal did not complete.
+/// Why a proposal did not complete: the Raft core refused it ([`ProposalRefused`]), it
+/// was not applied in time, or the peer stopped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProposalError {
     #[error(transparent)]
-    Refused(#[from] ProposeError),
+    Refused(#[from] ProposalRefused),
     /// It may still be applied later: its outcome is unknown.
     #[error("the proposal was not applied within {0:?} (a leader change may have lost it)")]
     Timeout(Duration),

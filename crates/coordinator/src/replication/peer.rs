@@ -67,9 +67,11 @@ fn failpoint(name: &'static str) -> Result<(), PeerError> {
     Ok(())
 }
 
-/// Why a proposal was not taken. It was not, and never will be, applied.
+/// Why this peer's Raft core refused a proposal on the spot. It was not, and never will
+/// be, applied. (A proposal taken here may still fail to complete: see
+/// [`super::node::ProposalError`].)
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ProposeError {
+pub enum ProposalRefused {
     #[error("no leader is known (an election is under way)")]
     NoLeader,
     #[error("the command is {bytes} bytes; the limit is {MAX_COMMAND_BYTES}")]
@@ -279,16 +281,16 @@ impl Peer {
     /// [`Advanced::applied`] names it with the returned id on this peer. A follower
     /// forwards the proposal to its leader; a leader change can still drop it silently,
     /// so a caller waits with a deadline.
-    pub fn propose(&mut self, command: &Command) -> Result<ProposalId, ProposeError> {
-        let data = wire::encode(command).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+    pub fn propose(&mut self, command: &Command) -> Result<ProposalId, ProposalRefused> {
+        let data = wire::encode(command).map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         if data.len() > MAX_COMMAND_BYTES {
-            return Err(ProposeError::TooLarge { bytes: data.len() });
+            return Err(ProposalRefused::TooLarge { bytes: data.len() });
         }
         let id = self.next_proposal();
-        let context = wire::encode(&id).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        let context = wire::encode(&id).map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         self.node
             .propose(context, data)
-            .map_err(|e| self.propose_error(e))?;
+            .map_err(|e| self.refusal(e))?;
         Ok(id)
     }
 
@@ -296,21 +298,21 @@ impl Peer {
     pub fn propose_membership(
         &mut self,
         change: &MembershipChange,
-    ) -> Result<ProposalId, ProposeError> {
+    ) -> Result<ProposalId, ProposalRefused> {
         let (node_id, change_type) = match change {
             MembershipChange::Join { id, .. } => (*id, ConfChangeType::AddNode),
             MembershipChange::Leave { id } => (*id, ConfChangeType::RemoveNode),
         };
         let id = self.next_proposal();
         let context = wire::encode(&(id, change.clone()))
-            .map_err(|e| ProposeError::Dropped(e.to_string()))?;
+            .map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         let mut cc = ConfChange::default();
         cc.set_change_type(change_type);
         cc.node_id = node_id;
         cc.set_context(context.into());
         self.node
             .propose_conf_change(Vec::new(), cc)
-            .map_err(|e| self.propose_error(e))?;
+            .map_err(|e| self.refusal(e))?;
         Ok(id)
     }
 
@@ -323,10 +325,10 @@ impl Peer {
         }
     }
 
-    fn propose_error(&self, error: raft::Error) -> ProposeError {
+    fn refusal(&self, error: raft::Error) -> ProposalRefused {
         match error {
-            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => ProposeError::NoLeader,
-            other => ProposeError::Dropped(other.to_string()),
+            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => ProposalRefused::NoLeader,
+            other => ProposalRefused::Dropped(other.to_string()),
         }
     }
 

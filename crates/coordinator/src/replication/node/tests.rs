@@ -8,7 +8,7 @@ use raft::prelude::Message;
 
 use super::{NodeHandle, ProposalError, Transport, is_snapshot, spawn};
 use crate::replication::log;
-use crate::replication::peer::{Peer, ProposeError};
+use crate::replication::peer::{Peer, ProposalRefused};
 use crate::replication::state::{Command, Outcome};
 use crate::replication::store::LogStore;
 
@@ -161,7 +161,7 @@ async fn a_lone_peer_without_quorum_refuses_or_times_out() {
     assert!(
         matches!(
             result,
-            Err(ProposalError::Refused(ProposeError::NoLeader) | ProposalError::Timeout(_))
+            Err(ProposalError::Refused(ProposalRefused::NoLeader) | ProposalError::Timeout(_))
         ),
         "{result:?}"
     );
