@@ -82,25 +82,25 @@ async fn proxy(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let uri: Uri = format!("http://{target}{path}")
-        .parse()
-        .map_err(|source| CoordinatorError::LeaderAddress {
+    let uri: Uri = format!("http://{target}{path}").parse().map_err(|source| {
+        CoordinatorError::LeaderAddress {
             target: target.to_string(),
             source,
-        })?;
+        }
+    })?;
     debug!(%uri, "forwarding to the leader");
     *request.uri_mut() = uri;
     let headers = request.headers_mut();
     headers.remove(axum::http::header::HOST);
-    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id()));
-    let response = f
-        .client
-        .request(request)
-        .await
-        .map_err(|source| CoordinatorError::ForwardFailed {
-            target: target.to_string(),
-            source,
-        })?;
+    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id().0));
+    let response =
+        f.client
+            .request(request)
+            .await
+            .map_err(|source| CoordinatorError::ForwardFailed {
+                target: target.to_string(),
+                source,
+            })?;
     Ok(response.map(Body::new))
 }
 

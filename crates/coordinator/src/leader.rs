@@ -45,7 +45,7 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// This peer's place in the coordinator group; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Leadership {
-    me: u64,
+    me: PeerId,
     node: NodeHandle,
     topology: Arc<Topology>,
     leading: Arc<RwLock<Option<Leading>>>,
@@ -64,7 +64,7 @@ pub enum Leader {
     /// This peer: its groups.
     This(Cluster),
     /// Another peer, at this HTTP address.
-    Other { id: u64, http: String },
+    Other { id: PeerId, http: String },
     /// No leader within [`ELECTION_WAIT`].
     Unknown,
 }
@@ -81,7 +81,7 @@ impl Leadership {
     /// Follows `node`'s role from now on, and announces this peer's addresses and pid in
     /// the replicated state. Must run inside a tokio runtime.
     pub fn start(
-        me: u64,
+        me: PeerId,
         node: NodeHandle,
         topology: Arc<Topology>,
         limits: Limits,
@@ -152,7 +152,7 @@ impl Leadership {
             (Some(_), false) => {
                 info!(
                     term = role.term,
-                    leader = role.leader,
+                    leader = role.leader.map(|l| l.0),
                     "no longer leading: shards released"
                 );
                 self.set(None);
@@ -173,7 +173,7 @@ impl Leadership {
     }
 
     /// This peer's id.
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> PeerId {
         self.me
     }
 
@@ -219,22 +219,19 @@ impl Leadership {
     }
 
     /// The leader's id and HTTP address, when a leader is known and it is another peer.
-    pub fn other_leader(&self) -> Option<(u64, String)> {
-        let role = self.role();
-        if role.leader == 0 || role.leader == self.me {
-            return None;
-        }
-        Some((role.leader, self.http_of(role.leader)?))
+    pub fn other_leader(&self) -> Option<(PeerId, String)> {
+        let leader = self.role().leader.filter(|&l| l != self.me)?;
+        Some((leader, self.http_of(leader)?))
     }
 
-    fn http_of(&self, id: u64) -> Option<String> {
+    fn http_of(&self, id: PeerId) -> Option<String> {
         if let Some(member) = self.node.summary().borrow().members.get(&id) {
             return Some(member.http.clone());
         }
         self.topology
             .coordinators
             .iter()
-            .find(|c| c.id.0 == id)
+            .find(|c| c.id == id)
             .map(|c| c.http.to_string())
     }
 
@@ -242,8 +239,8 @@ impl Leadership {
     pub fn not_leader(&self) -> WireError {
         let error = match self.other_leader() {
             Some((leader, http)) => CoordinatorError::NotLeader {
-                me: PeerId(self.me),
-                leader: PeerId(leader),
+                me: self.me,
+                leader,
                 http,
             },
             None => CoordinatorError::NoLeader,
@@ -258,7 +255,7 @@ impl Leadership {
         // The configuration's voters; the topology's peers until one is known.
         let mut ids = self.node.voters();
         if ids.is_empty() {
-            ids = self.topology.coordinators.iter().map(|c| c.id.0).collect();
+            ids = self.topology.coordinators.iter().map(|c| c.id).collect();
         }
         ids.into_iter()
             .map(|id| {
@@ -267,9 +264,9 @@ impl Leadership {
                     id,
                     http: self.http_of(id).unwrap_or_default(),
                     role: match role.leader {
-                        0 => "unknown",
-                        l if l == id => "leader",
-                        _ => "follower",
+                        None => "unknown",
+                        Some(l) if l == id => "leader",
+                        Some(_) => "follower",
                     },
                     term: role.term,
                     pid: member.map(|m| m.pid).filter(|&p| p != 0),

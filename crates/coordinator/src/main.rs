@@ -92,7 +92,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let api_keys = ApiKeys::new(args.api_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
-    let me = this_peer(&topology, args.peer)?;
+    let me = this_peer(&topology, PeerId(args.peer))?;
     // Before anything starts: an API open to other hosts needs a key.
     let http_addr = match args.http {
         Some(addr) => addr,
@@ -116,7 +116,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pid: std::process::id(),
     };
     let leadership = Leadership::start(
-        me.id.0,
+        me.id,
         node.clone(),
         Arc::clone(&topology),
         Limits::default(),
@@ -151,11 +151,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// This process's entry in the topology's `[[coordinator]]` list.
-fn this_peer(topology: &Topology, peer: u64) -> anyhow::Result<CoordinatorPeer> {
+fn this_peer(topology: &Topology, peer: PeerId) -> anyhow::Result<CoordinatorPeer> {
     let me = topology
         .coordinators
         .iter()
-        .find(|c| c.id == PeerId(peer))
+        .find(|c| c.id == peer)
         .ok_or_else(|| anyhow!("coordinator peer {peer} is not in the topology"))?;
     Ok(me.clone())
 }
@@ -175,24 +175,18 @@ fn start_raft(
         .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
     let store = LogStore::open(&data_dir.join("raft.redb"))
         .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
-    let voters: Vec<u64> = if join {
+    let voters: Vec<PeerId> = if join {
         Vec::new()
     } else {
-        topology.coordinators.iter().map(|c| c.id.0).collect()
+        topology.coordinators.iter().map(|c| c.id).collect()
     };
-    let peer = Peer::start(
-        me.id.0,
-        &voters,
-        store,
-        rand::random(),
-        &log::logger(me.id.0),
-    )
-    .context("starting the Raft peer")?;
+    let peer = Peer::start(me.id, &voters, store, rand::random(), &log::logger(me.id))
+        .context("starting the Raft peer")?;
     let addresses: Addresses = Arc::new(std::sync::RwLock::new(
         topology
             .coordinators
             .iter()
-            .map(|c| (c.id.0, c.quic.to_string()))
+            .map(|c| (c.id, c.quic.to_string()))
             .collect(),
     ));
     let node = transport::start(peer, endpoint.clone(), Arc::clone(&addresses))

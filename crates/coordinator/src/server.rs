@@ -53,9 +53,9 @@ async fn handle(
     // Another peer's Raft traffic (a peer never dials itself: its own certificate
     // presented here is someone else, refused below like any non-shard).
     if let Identity::Coordinator(peer) = identity
-        && peer.0 != leadership.id()
+        && peer != leadership.id()
     {
-        transport::serve_inbound(connection, peer.0, leadership.node()).await;
+        transport::serve_inbound(connection, peer, leadership.node()).await;
         return Ok(());
     }
     let (mut send, mut recv) = tokio::time::timeout(REGISTER_TIMEOUT, connection.accept_bi())
@@ -87,7 +87,7 @@ async fn handle(
         return hold_standby(&connection, send, recv, leadership).await;
     }
     let Some(cluster) = leadership.cluster_soon().await else {
-        let leader = Some(leadership.role().leader).filter(|&l| l != 0);
+        let leader = leadership.role().leader.map(|l| l.0);
         let _ = wire::write_frame(&mut send, &CoordinatorMsg::NotLeader { leader }).await;
         let _ = send.finish();
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
@@ -126,7 +126,7 @@ async fn hold_standby(
         let now = *role.borrow_and_update();
         if now.is_leader() && now.term != told {
             let leading = CoordinatorMsg::Leading {
-                peer: leadership.id(),
+                peer: leadership.id().0,
                 term: now.term,
             };
             if wire::write_frame(&mut send, &leading).await.is_err() {

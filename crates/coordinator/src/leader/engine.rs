@@ -149,18 +149,20 @@ impl Engine for Leadership {
 }
 
 /// The Raft membership change that makes `change`, checked against the current `voters`.
-fn membership_change(change: PeerChange, voters: &[u64]) -> Result<MembershipChange, CoordinatorError> {
+fn membership_change(
+    change: PeerChange,
+    voters: &[PeerId],
+) -> Result<MembershipChange, CoordinatorError> {
     match change {
         PeerChange::Add { id, http, quic } => {
             if voters.contains(&id) {
-                return Err(CoordinatorError::AlreadyMember { id: PeerId(id) });
+                return Err(CoordinatorError::AlreadyMember { id });
             }
             Ok(MembershipChange::Join { id, http, quic })
         }
         PeerChange::Remove { id } => {
             if !voters.contains(&id) {
-                let members = voters.iter().copied().map(PeerId).collect();
-                let id = PeerId(id);
+                let members = voters.to_vec();
                 return Err(CoordinatorError::NotMember { id, members });
             }
             if voters.len() == 1 {

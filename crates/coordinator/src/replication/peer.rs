@@ -16,6 +16,7 @@ use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Mes
 use raft::{Config, RawNode, StateRole, Storage};
 use serde::{Deserialize, Serialize};
 use tessera_comm::wire;
+use tessera_topology::PeerId;
 
 use super::state::{ClusterState, Command, Outcome};
 use super::store::{LogStore, StoreError};
@@ -85,7 +86,7 @@ pub enum ProposalRefused {
 /// never match) and a sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ProposalId {
-    pub peer: u64,
+    pub peer: PeerId,
     pub incarnation: u64,
     pub seq: u64,
 }
@@ -93,8 +94,14 @@ pub struct ProposalId {
 /// A membership change: `Join` adds a voter with its addresses, `Leave` removes one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MembershipChange {
-    Join { id: u64, http: String, quic: String },
-    Leave { id: u64 },
+    Join {
+        id: PeerId,
+        http: String,
+        quic: String,
+    },
+    Leave {
+        id: PeerId,
+    },
 }
 
 /// A committed entry as this peer applied it.
@@ -122,10 +129,10 @@ pub struct Advanced {
 /// The peer's role and term, as `GET /v1/cluster` shows them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Role {
-    pub id: u64,
+    pub id: PeerId,
     pub term: u64,
-    /// 0 while no leader is known.
-    pub leader: u64,
+    /// `None` while no leader is known.
+    pub leader: Option<PeerId>,
     pub state: StateRole,
 }
 
@@ -162,8 +169,8 @@ impl Peer {
     /// the leader. The state is the store's snapshot; the entries after it are applied
     /// again as Raft hands them out.
     pub fn start(
-        id: u64,
-        voters: &[u64],
+        id: PeerId,
+        voters: &[PeerId],
         store: LogStore,
         incarnation: u64,
         logger: &slog::Logger,
@@ -177,17 +184,18 @@ impl Peer {
             let meta = snapshot.mut_metadata();
             meta.index = 1;
             meta.term = 1;
-            meta.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            let voters: Vec<u64> = voters.iter().map(|v| v.0).collect();
+            meta.set_conf_state(ConfState::from((voters, vec![])));
             store.apply_snapshot(&snapshot)?;
         }
-        let snapshot = store.snapshot(0, id)?;
+        let snapshot = store.snapshot(0, id.0)?;
         let state = if snapshot.get_data().is_empty() {
             ClusterState::default()
         } else {
             ClusterState::restore(snapshot.get_data())?
         };
         let config = Config {
-            id,
+            id: id.0,
             election_tick: ELECTION_TICKS,
             heartbeat_tick: HEARTBEAT_TICKS,
             applied: snapshot.get_metadata().index,
@@ -200,7 +208,7 @@ impl Peer {
         config.validate()?;
         let mut node = RawNode::new(&config, store, logger)?;
         // The only voter needs no election timeout: it leads at once.
-        if node.raft.prs().conf().voters().ids().iter().eq([id]) {
+        if node.raft.prs().conf().voters().ids().iter().eq([id.0]) {
             node.campaign()?;
         }
         Ok(Peer {
@@ -219,15 +227,18 @@ impl Peer {
         self
     }
 
-    pub fn id(&self) -> u64 {
-        self.node.raft.id
+    pub fn id(&self) -> PeerId {
+        PeerId(self.node.raft.id)
     }
 
     pub fn role(&self) -> Role {
         Role {
-            id: self.node.raft.id,
+            id: self.id(),
             term: self.node.raft.term,
-            leader: self.node.raft.leader_id,
+            // raft-rs says 0 for none: ids start at 1.
+            leader: Some(self.node.raft.leader_id)
+                .filter(|&l| l != 0)
+                .map(PeerId),
             state: self.node.raft.state,
         }
     }
@@ -238,12 +249,12 @@ impl Peer {
     }
 
     /// The voters of the last applied configuration.
-    pub fn voters(&self) -> Vec<u64> {
-        let mut voters = self
+    pub fn voters(&self) -> Vec<PeerId> {
+        let mut voters: Vec<PeerId> = self
             .node
             .store()
             .initial_state()
-            .map(|s| s.conf_state.voters)
+            .map(|s| s.conf_state.voters.into_iter().map(PeerId).collect())
             .unwrap_or_default();
         voters.sort_unstable();
         voters
@@ -262,19 +273,19 @@ impl Peer {
 
     /// Tells Raft a message to `to` could not be sent (the peer is down or cut off); it
     /// probes that peer again instead of streaming to it.
-    pub fn report_unreachable(&mut self, to: u64) {
-        self.node.report_unreachable(to);
+    pub fn report_unreachable(&mut self, to: PeerId) {
+        self.node.report_unreachable(to.0);
     }
 
     /// Tells Raft whether a snapshot message reached `to`. Until it hears, the leader
     /// sends that peer nothing else; a lost snapshot is sent again.
-    pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
+    pub fn report_snapshot(&mut self, to: PeerId, delivered: bool) {
         let status = if delivered {
             raft::SnapshotStatus::Finish
         } else {
             raft::SnapshotStatus::Failure
         };
-        self.node.report_snapshot(to, status);
+        self.node.report_snapshot(to.0, status);
     }
 
     /// Proposes `command`. It is applied (on every peer, in log order) once committed;
@@ -308,7 +319,7 @@ impl Peer {
             .map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         let mut cc = ConfChange::default();
         cc.set_change_type(change_type);
-        cc.node_id = node_id;
+        cc.node_id = node_id.0;
         cc.set_context(context.into());
         self.node
             .propose_conf_change(Vec::new(), cc)
@@ -327,7 +338,9 @@ impl Peer {
 
     fn refusal(&self, error: raft::Error) -> ProposalRefused {
         match error {
-            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => ProposalRefused::NoLeader,
+            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => {
+                ProposalRefused::NoLeader
+            }
             other => ProposalRefused::Dropped(other.to_string()),
         }
     }
