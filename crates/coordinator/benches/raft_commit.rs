@@ -59,12 +59,12 @@ async fn start_peers(n: usize, dir: &std::path::Path) -> Vec<NodeHandle> {
     let topology = Topology::parse(&text, &path).expect("valid topology");
     let certs = dir.join("certs");
     tessera_comm::certs::init_cluster(&topology, &certs).expect("certificates");
-    let voters: Vec<u64> = (1..=n as u64).collect();
+    let voters: Vec<PeerId> = (1..=n as u64).map(PeerId).collect();
     let addresses: Addresses = Arc::new(RwLock::new(
         quic_addrs
             .iter()
             .enumerate()
-            .map(|(i, a)| (i as u64 + 1, a.to_string()))
+            .map(|(i, a)| (PeerId(i as u64 + 1), a.to_string()))
             .collect(),
     ));
     let mut nodes = Vec::new();
@@ -73,7 +73,7 @@ async fn start_peers(n: usize, dir: &std::path::Path) -> Vec<NodeHandle> {
         let creds = Credentials::load(&certs, &Identity::Coordinator(PeerId(id))).expect("creds");
         let endpoint = quic::server_endpoint(*addr, &creds).expect("endpoint");
         let store = LogStore::open(&dir.join(format!("raft-{id}.redb"))).expect("store");
-        let peer = Peer::start(id, &voters, store, id, &log::discard()).expect("peer");
+        let peer = Peer::start(PeerId(id), &voters, store, id, &log::discard()).expect("peer");
         let handle =
             transport::start(peer, endpoint.clone(), Arc::clone(&addresses)).expect("thread");
         let inbound = handle.clone();
@@ -85,7 +85,7 @@ async fn start_peers(n: usize, dir: &std::path::Path) -> Vec<NodeHandle> {
                         return;
                     };
                     if let Ok(Identity::Coordinator(from)) = quic::peer_identity(&connection) {
-                        serve_inbound(connection, from.0, node).await;
+                        serve_inbound(connection, from, node).await;
                     }
                 });
             }

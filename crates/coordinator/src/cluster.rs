@@ -6,10 +6,11 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_comm::proto::WireError;
 use tessera_topology::{Collective, Topology};
 
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
+use crate::error::CoordinatorError;
 use crate::group::GroupHandle;
 use crate::group::driver::{self, EpochJournal, GroupCollective, GroupConfig, Limits};
 use crate::group::scheduler::SchedulerConfig;
@@ -100,11 +101,10 @@ impl Cluster {
         request: GenerateRequest,
         generated: Vec<u32>,
     ) -> Result<TokenStream, WireError> {
-        let group = self.route(&request).ok_or_else(|| WireError {
-            class: ErrorClass::InvalidRequest,
-            message: format!("no group serves model `{}`", request.model),
-            rank: None,
-        })?;
+        let Some(group) = self.route(&request) else {
+            let model = request.model;
+            return Err(CoordinatorError::NoGroupForModel { model }.into());
+        };
         group.generate(id, request, generated).await
     }
 
@@ -209,11 +209,8 @@ impl Engine for Cluster {
         if of_model.peek().is_none() || of_model.any(|g| !g.queue_full()) {
             return Ok(());
         }
-        Err(WireError {
-            class: ErrorClass::CapacityExhausted,
-            message: format!("every group of model `{model}` has a full queue; retry later"),
-            rank: None,
-        })
+        let model = model.to_string();
+        Err(CoordinatorError::QueuesFull { model }.into())
     }
 
     fn status(&self) -> ClusterStatus {

@@ -9,7 +9,10 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 use tessera_comm::proto::{FinishReason, Sampling, WireError};
+use tessera_topology::PeerId;
 use tokio::sync::mpsc;
+
+use crate::error::CoordinatorError;
 
 pub use tessera_comm::proto::TokenLogprobs;
 
@@ -75,11 +78,7 @@ pub async fn collect(mut stream: TokenStream) -> Result<GenerateOutput, WireErro
             });
         }
     }
-    Err(WireError {
-        class: tessera_comm::proto::ErrorClass::Internal,
-        message: "the sequence's stream ended without a finish".into(),
-        rank: None,
-    })
+    Err(CoordinatorError::StreamEndedEarly.into())
 }
 
 /// A boxed future, so that [`Engine`] stays object-safe.
@@ -119,19 +118,23 @@ pub trait Engine: Send + Sync + 'static {
     /// have no peers to change.
     fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
         let _ = change;
-        Box::pin(std::future::ready(Err(WireError {
-            class: tessera_comm::proto::ErrorClass::InvalidRequest,
-            message: "this coordinator is not replicated: it has no peers to change".into(),
-            rank: None,
-        })))
+        Box::pin(std::future::ready(Err(
+            CoordinatorError::NotReplicated.into()
+        )))
     }
 }
 
 /// A membership change of the coordinator peers (one voter at a time).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerChange {
-    Add { id: u64, http: String, quic: String },
-    Remove { id: u64 },
+    Add {
+        id: PeerId,
+        http: String,
+        quic: String,
+    },
+    Remove {
+        id: PeerId,
+    },
 }
 
 /// A journaled request, resumed: what it asked, and its completion tokens from the first
@@ -164,9 +167,9 @@ pub struct ModelStatus {
 }
 
 /// One coordinator peer.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PeerStatus {
-    pub id: u64,
+    pub id: PeerId,
     /// Its HTTP API.
     pub http: String,
     /// `leader`, `follower`, or `unknown` while no leader is known.

@@ -13,10 +13,11 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_comm::proto::WireError;
 use tracing::debug;
 
 use crate::api::ApiError;
+use crate::error::CoordinatorError;
 use crate::leader::{Leader, Leadership};
 
 /// Set on a forwarded call: the id of the peer that forwarded it.
@@ -67,34 +68,39 @@ pub async fn forward(State(f): State<Forwarder>, request: Request, next: Next) -
     };
     match proxy(&f, request, &target).await {
         Ok(response) => response,
-        Err(message) => ApiError::from(WireError {
-            class: ErrorClass::Unavailable,
-            message,
-            rank: None,
-        })
-        .into_response(),
+        Err(error) => ApiError::from(WireError::from(error)).into_response(),
     }
 }
 
-async fn proxy(f: &Forwarder, mut request: Request, target: &str) -> Result<Response, String> {
+async fn proxy(
+    f: &Forwarder,
+    mut request: Request,
+    target: &str,
+) -> Result<Response, CoordinatorError> {
     let path = request
         .uri()
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let uri: Uri = format!("http://{target}{path}")
-        .parse()
-        .map_err(|e| format!("the leader's address {target} is not usable: {e}"))?;
+    let uri: Uri = format!("http://{target}{path}").parse().map_err(|source| {
+        CoordinatorError::LeaderAddress {
+            target: target.to_string(),
+            source,
+        }
+    })?;
     debug!(%uri, "forwarding to the leader");
     *request.uri_mut() = uri;
     let headers = request.headers_mut();
     headers.remove(axum::http::header::HOST);
-    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id()));
-    let response = f
-        .client
-        .request(request)
-        .await
-        .map_err(|e| format!("forwarding to the leader at http://{target} failed: {e}"))?;
+    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id().0));
+    let response =
+        f.client
+            .request(request)
+            .await
+            .map_err(|source| CoordinatorError::ForwardFailed {
+                target: target.to_string(),
+                source,
+            })?;
     Ok(response.map(Body::new))
 }
 

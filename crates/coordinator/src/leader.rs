@@ -3,34 +3,32 @@
 //! plans of an older term), and when it stops leading it drops that cluster, which closes
 //! the shards' connections so they register with the new leader.
 //!
-//! As the API's [`Engine`], it journals each request before the request starts: an
+//! As the API's [`Engine`](crate::engine::Engine) ([`engine`]), it journals each request before the request starts: an
 //! `Accept` entry is committed first, then the tokens are checkpointed as they come
 //! (`Progress`, batched by the commit latency), and the end (`Finish`). A new leader
 //! resumes every request the journal holds open: it runs the prompt plus the tokens
 //! already checkpointed, for the tokens still to come ([`journal`]), and a client that
 //! reconnects reads the request's tail from any token offset on
-//! ([`Engine::resume`]).
+//! ([`Engine::resume`](crate::engine::Engine::resume)).
 
+mod engine;
 mod journal;
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
-use tessera_topology::Topology;
+use tessera_comm::proto::{FinishReason, WireError};
+use tessera_topology::{PeerId, Topology};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
-use crate::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, PeerStatus,
-    Resumed, TokenStream,
-};
+use crate::engine::PeerStatus;
+use crate::error::CoordinatorError;
 use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
-use crate::replication::peer::MembershipChange;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, ModelRecord, Outcome};
+use crate::replication::state::{Command, Journaled, ModelRecord};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
@@ -47,7 +45,7 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// This peer's place in the coordinator group; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Leadership {
-    me: u64,
+    me: PeerId,
     node: NodeHandle,
     topology: Arc<Topology>,
     leading: Arc<RwLock<Option<Leading>>>,
@@ -66,7 +64,7 @@ pub enum Leader {
     /// This peer: its groups.
     This(Cluster),
     /// Another peer, at this HTTP address.
-    Other { id: u64, http: String },
+    Other { id: PeerId, http: String },
     /// No leader within [`ELECTION_WAIT`].
     Unknown,
 }
@@ -83,7 +81,7 @@ impl Leadership {
     /// Follows `node`'s role from now on, and announces this peer's addresses and pid in
     /// the replicated state. Must run inside a tokio runtime.
     pub fn start(
-        me: u64,
+        me: PeerId,
         node: NodeHandle,
         topology: Arc<Topology>,
         limits: Limits,
@@ -154,7 +152,7 @@ impl Leadership {
             (Some(_), false) => {
                 info!(
                     term = role.term,
-                    leader = role.leader,
+                    leader = role.leader.map(|l| l.0),
                     "no longer leading: shards released"
                 );
                 self.set(None);
@@ -175,7 +173,7 @@ impl Leadership {
     }
 
     /// This peer's id.
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> PeerId {
         self.me
     }
 
@@ -221,39 +219,33 @@ impl Leadership {
     }
 
     /// The leader's id and HTTP address, when a leader is known and it is another peer.
-    pub fn other_leader(&self) -> Option<(u64, String)> {
-        let role = self.role();
-        if role.leader == 0 || role.leader == self.me {
-            return None;
-        }
-        Some((role.leader, self.http_of(role.leader)?))
+    pub fn other_leader(&self) -> Option<(PeerId, String)> {
+        let leader = self.role().leader.filter(|&l| l != self.me)?;
+        Some((leader, self.http_of(leader)?))
     }
 
-    fn http_of(&self, id: u64) -> Option<String> {
+    fn http_of(&self, id: PeerId) -> Option<String> {
         if let Some(member) = self.node.summary().borrow().members.get(&id) {
             return Some(member.http.clone());
         }
         self.topology
             .coordinators
             .iter()
-            .find(|c| c.id.0 == id)
+            .find(|c| c.id == id)
             .map(|c| c.http.to_string())
     }
 
     /// Why this peer cannot take a request: another leads, or none does yet.
     pub fn not_leader(&self) -> WireError {
-        let message = match self.other_leader() {
-            Some((id, http)) => format!(
-                "this coordinator peer ({}) is not the leader; peer {id} at http://{http} is",
-                self.me
-            ),
-            None => "no coordinator leader is elected yet; retry in a few seconds".into(),
+        let error = match self.other_leader() {
+            Some((leader, http)) => CoordinatorError::NotLeader {
+                me: self.me,
+                leader,
+                http,
+            },
+            None => CoordinatorError::NoLeader,
         };
-        WireError {
-            class: ErrorClass::Unavailable,
-            message,
-            rank: None,
-        }
+        error.into()
     }
 
     /// Every peer of the configuration, as this peer sees them.
@@ -263,7 +255,7 @@ impl Leadership {
         // The configuration's voters; the topology's peers until one is known.
         let mut ids = self.node.voters();
         if ids.is_empty() {
-            ids = self.topology.coordinators.iter().map(|c| c.id.0).collect();
+            ids = self.topology.coordinators.iter().map(|c| c.id).collect();
         }
         ids.into_iter()
             .map(|id| {
@@ -272,9 +264,9 @@ impl Leadership {
                     id,
                     http: self.http_of(id).unwrap_or_default(),
                     role: match role.leader {
-                        0 => "unknown",
-                        l if l == id => "leader",
-                        _ => "follower",
+                        None => "unknown",
+                        Some(l) if l == id => "leader",
+                        Some(_) => "follower",
                     },
                     term: role.term,
                     pid: member.map(|m| m.pid).filter(|&p| p != 0),
@@ -419,177 +411,4 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-impl Engine for Leadership {
-    fn generate(
-        &self,
-        id: String,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
-        Box::pin(async move {
-            let Some(cluster) = self.cluster_soon().await else {
-                return Err(self.not_leader());
-            };
-            cluster.admission(&request.model)?;
-            let accept = Command::Accept {
-                id: id.clone(),
-                request: request.clone(),
-                at_ms: now_ms(),
-            };
-            match self.node.propose(accept, JOURNAL_TIMEOUT).await {
-                Ok(applied) if applied.outcome == Outcome::Applied => {}
-                Ok(applied) => {
-                    return Err(WireError {
-                        class: ErrorClass::InvalidRequest,
-                        message: format!(
-                            "request {id} is already journaled ({:?})",
-                            applied.outcome
-                        ),
-                        rank: None,
-                    });
-                }
-                Err(error) => {
-                    return Err(WireError {
-                        class: ErrorClass::Unavailable,
-                        message: format!("the request could not be journaled: {error}"),
-                        rank: None,
-                    });
-                }
-            }
-            let Some(tail) = self.tails.open(&id, Vec::new()) else {
-                return Err(WireError {
-                    class: ErrorClass::InvalidRequest,
-                    message: format!("request {id} is running already"),
-                    rank: None,
-                });
-            };
-            let (journal, events) = mpsc::unbounded_channel();
-            tokio::spawn(journal::write(
-                self.node.clone(),
-                id.clone(),
-                Vec::new(),
-                events,
-                self.tails.clone(),
-            ));
-            match cluster.generate(id, request).await {
-                Ok(inner) => {
-                    let (client, stream) = mpsc::unbounded_channel();
-                    tokio::spawn(journal::pump(inner, tail, journal, Some(client)));
-                    Ok(stream)
-                }
-                Err(error) => {
-                    // Refused by the group: it never started, so it ends here.
-                    let _ = journal.send(journal::JournalEvent::End(Ending::Cancelled));
-                    Err(error)
-                }
-            }
-        })
-    }
-
-    fn admission(&self, model: &str) -> Result<(), WireError> {
-        // Without the groups here, `generate` waits for an election or names the leader.
-        self.cluster().map_or(Ok(()), |c| c.admission(model))
-    }
-
-    fn ready(&self, model: &str) -> bool {
-        self.cluster().is_some_and(|c| c.ready(model))
-    }
-
-    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
-        Box::pin(async move {
-            let Some(cluster) = self.cluster_soon().await else {
-                return Err(self.not_leader());
-            };
-            let key = id.clone();
-            let entry = self.node.read(move |s| s.journal.get(&key).cloned()).await;
-            let Some(entry) = entry.flatten() else {
-                return Ok(None);
-            };
-            let tail = match (self.tails.get(&id), entry.finished) {
-                (Some(tail), _) => tail,
-                (None, Some((reason, _))) => {
-                    let end = reason.map_or(Ending::Cancelled, Ending::Finished);
-                    watch::channel(Tail {
-                        tokens: entry.sent.clone(),
-                        end: Some(end),
-                    })
-                    .1
-                }
-                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
-            };
-            Ok(Some(Resumed {
-                request: entry.request,
-                accepted_ms: entry.accepted_ms,
-                tokens: journal::follow(tail),
-            }))
-        })
-    }
-
-    fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
-        Box::pin(async move {
-            if self.cluster_soon().await.is_none() {
-                return Err(self.not_leader());
-            }
-            let voters = self.node.voters();
-            let invalid = |message: String| WireError {
-                class: ErrorClass::InvalidRequest,
-                message,
-                rank: None,
-            };
-            let membership = match change {
-                PeerChange::Add { id, http, quic } => {
-                    if voters.contains(&id) {
-                        return Err(invalid(format!("peer {id} is a member already")));
-                    }
-                    MembershipChange::Join { id, http, quic }
-                }
-                PeerChange::Remove { id } => {
-                    if !voters.contains(&id) {
-                        return Err(invalid(format!(
-                            "peer {id} is not a member (members: {voters:?})"
-                        )));
-                    }
-                    if voters.len() == 1 {
-                        return Err(invalid("the last peer cannot be removed".into()));
-                    }
-                    MembershipChange::Leave { id }
-                }
-            };
-            info!(change = ?membership, "membership change");
-            self.node
-                .change_membership(membership, MEMBERSHIP_TIMEOUT)
-                .await
-                .map(|_| ())
-                .map_err(|error| WireError {
-                    class: ErrorClass::Unavailable,
-                    message: format!("the membership change was not committed: {error}"),
-                    rank: None,
-                })
-        })
-    }
-
-    fn status(&self) -> ClusterStatus {
-        let groups = self
-            .cluster()
-            .map(|c| c.status().groups)
-            .unwrap_or_default();
-        let models = self
-            .node
-            .summary()
-            .borrow()
-            .models
-            .iter()
-            .map(|(name, m)| ModelStatus {
-                name: name.clone(),
-                path: m.path.clone(),
-                groups: m.groups.clone(),
-            })
-            .collect();
-        ClusterStatus {
-            peers: self.peers(),
-            models,
-            groups,
-        }
-    }
 }

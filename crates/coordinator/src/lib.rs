@@ -5,6 +5,8 @@
 //! - [`group`]: one driver task per group (epochs, plans, deadlines, fencing) around a
 //!   pure scheduler core.
 //! - [`cluster`]: the groups by model; implements [`engine::Engine`] for the API.
+//! - [`error`]: [`error::CoordinatorError`], what the coordinator refuses or fails, and
+//!   its class; it becomes a wire error where it leaves.
 //! - [`api`]: the OpenAI-compatible HTTP API over any [`engine::Engine`].
 //! - [`metrics`]: Prometheus metric names and the recorder behind `GET /metrics`.
 //! - [`replication`]: the Raft group of coordinator peers: log store, replicated state,
@@ -17,6 +19,7 @@
 pub mod api;
 pub mod cluster;
 pub mod engine;
+pub mod error;
 pub mod forward;
 pub mod group;
 pub mod leader;

@@ -6,13 +6,14 @@
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
 use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
@@ -24,7 +25,7 @@ use tessera_coordinator::replication::{LogStore, log, node, peer::Peer};
 use tessera_coordinator::{metrics, server};
 use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
-use tessera_topology::{PeerId, Topology};
+use tessera_topology::{CoordinatorPeer, PeerId, Topology};
 use tracing::{info, warn};
 
 /// A Tessera coordinator peer.
@@ -93,12 +94,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let api_keys = ApiKeys::new(args.api_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
-    let me = topology
-        .coordinators
-        .iter()
-        .find(|c| c.id == PeerId(args.peer))
-        .ok_or_else(|| anyhow!("coordinator peer {} is not in the topology", args.peer))?
-        .clone();
+    let me = this_peer(&topology, PeerId(args.peer))?;
     // Before anything starts: an API open to other hosts needs a key.
     let http_addr = match args.http {
         Some(addr) => addr,
@@ -111,34 +107,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let quic_addr = resolve(&me.quic.to_string()).await?;
     let endpoint = quic::server_endpoint(quic_addr, &credentials)?;
 
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| me.data_dir.clone());
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
-    let store = LogStore::open(&data_dir.join("raft.redb"))
-        .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
-    let voters: Vec<u64> = if args.join {
-        Vec::new()
-    } else {
-        topology.coordinators.iter().map(|c| c.id.0).collect()
-    };
-    let peer = Peer::start(
-        me.id.0,
-        &voters,
-        store,
-        rand::random(),
-        &log::logger(me.id.0),
-    )
-    .context("starting the Raft peer")?;
-    let addresses: Addresses = Arc::new(std::sync::RwLock::new(
-        topology
-            .coordinators
-            .iter()
-            .map(|c| (c.id.0, c.quic.to_string()))
-            .collect(),
-    ));
-    let node = transport::start(peer, endpoint.clone(), Arc::clone(&addresses))
-        .context("starting the Raft thread")?;
-    tokio::spawn(follow_members(node.clone(), addresses));
+    let data_dir = args.data_dir.unwrap_or_else(|| me.data_dir.clone());
+    let node = start_raft(&topology, &me, &data_dir, args.join, &endpoint)?;
     let topology = Arc::new(topology);
     let announce = Announce {
         http: args
@@ -148,7 +118,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pid: std::process::id(),
     };
     let leadership = Leadership::start(
-        me.id.0,
+        me.id,
         node.clone(),
         Arc::clone(&topology),
         Limits::default(),
@@ -170,6 +140,71 @@ async fn run(args: Args) -> anyhow::Result<()> {
         data_dir = %data_dir.display(),
         "coordinator started"
     );
+    let app = http_app(models, api_keys, leadership, metrics_handle);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP")?;
+    endpoint.close(0u32.into(), b"coordinator stopping");
+    // What it acknowledged is on disk already; this only ends the thread.
+    tokio::task::spawn_blocking(move || node.stop()).await.ok();
+    info!("stopped");
+    Ok(())
+}
+
+/// This process's entry in the topology's `[[coordinator]]` list.
+fn this_peer(topology: &Topology, peer: PeerId) -> anyhow::Result<CoordinatorPeer> {
+    let me = topology
+        .coordinators
+        .iter()
+        .find(|c| c.id == peer)
+        .ok_or_else(|| anyhow!("coordinator peer {peer} is not in the topology"))?;
+    Ok(me.clone())
+}
+
+/// Opens this peer's Raft log in `data_dir` and starts its Raft thread, its messages
+/// going over `endpoint`. Without `join`, a fresh log is bootstrapped with the
+/// topology's peers as voters; members that join later are dialed as they announce
+/// themselves.
+fn start_raft(
+    topology: &Topology,
+    me: &CoordinatorPeer,
+    data_dir: &Path,
+    join: bool,
+    endpoint: &quinn::Endpoint,
+) -> anyhow::Result<node::NodeHandle> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
+    let store = LogStore::open(&data_dir.join("raft.redb"))
+        .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
+    let voters: Vec<PeerId> = if join {
+        Vec::new()
+    } else {
+        topology.coordinators.iter().map(|c| c.id).collect()
+    };
+    let peer = Peer::start(me.id, &voters, store, rand::random(), &log::logger(me.id))
+        .context("starting the Raft peer")?;
+    let addresses: Addresses = Arc::new(std::sync::RwLock::new(
+        topology
+            .coordinators
+            .iter()
+            .map(|c| (c.id, c.quic.to_string()))
+            .collect(),
+    ));
+    let node = transport::start(peer, endpoint.clone(), Arc::clone(&addresses))
+        .context("starting the Raft thread")?;
+    tokio::spawn(follow_members(node.clone(), addresses));
+    Ok(node)
+}
+
+/// The HTTP API over `leadership` (followers forward to the leader), and `/metrics`
+/// when the recorder is installed.
+fn http_app(
+    models: Vec<ServedModel>,
+    api_keys: ApiKeys,
+    leadership: Leadership,
+    metrics_handle: Option<PrometheusHandle>,
+) -> axum::Router {
     let mut app = api::router(ApiState {
         models,
         engine: Arc::new(leadership.clone()),
@@ -185,15 +220,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             axum::routing::get(move || std::future::ready(handle.render())),
         );
     }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP")?;
-    endpoint.close(0u32.into(), b"coordinator stopping");
-    // What it acknowledged is on disk already; this only ends the thread.
-    tokio::task::spawn_blocking(move || node.stop()).await.ok();
-    info!("stopped");
-    Ok(())
+    app
 }
 
 /// Tokenizer and limits of every model, read from the model files' metadata (no

@@ -7,13 +7,12 @@
 use std::time::Duration;
 
 use tessera_comm::certs::Identity;
-use tessera_comm::proto::{
-    CoordinatorMsg, ErrorClass, PROTOCOL_VERSION, Register, ShardMsg, WireError,
-};
+use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
 use tessera_comm::{quic, wire};
 use tessera_topology::Topology;
 use tracing::{info, warn};
 
+use crate::error::CoordinatorError;
 use crate::group::ShardLink;
 use crate::leader::Leadership;
 use crate::replication::transport;
@@ -54,9 +53,9 @@ async fn handle(
     // Another peer's Raft traffic (a peer never dials itself: its own certificate
     // presented here is someone else, refused below like any non-shard).
     if let Identity::Coordinator(peer) = identity
-        && peer.0 != leadership.id()
+        && peer != leadership.id()
     {
-        transport::serve_inbound(connection, peer.0, leadership.node()).await;
+        transport::serve_inbound(connection, peer, leadership.node()).await;
         return Ok(());
     }
     let (mut send, mut recv) = tokio::time::timeout(REGISTER_TIMEOUT, connection.accept_bi())
@@ -73,31 +72,22 @@ async fn handle(
         Ok(Some(ShardMsg::Register(register))) => (register, false),
         Ok(Some(ShardMsg::Standby(register))) => (register, true),
         Ok(Some(_)) => {
-            return refuse(
-                &connection,
-                &mut send,
-                "the first message must be Register".into(),
-            )
-            .await;
+            return refuse(&connection, &mut send, CoordinatorError::FirstNotRegister).await;
         }
         Ok(None) => return Err("closed before registering".into()),
-        Err(e) => {
-            return refuse(
-                &connection,
-                &mut send,
-                format!("bad registration frame: {e}"),
-            )
-            .await;
+        Err(source) => {
+            let error = CoordinatorError::BadRegistration { source };
+            return refuse(&connection, &mut send, error).await;
         }
     };
-    if let Err(reason) = check(&identity, &register, topology) {
-        return refuse(&connection, &mut send, reason).await;
+    if let Err(error) = check(&identity, &register, topology) {
+        return refuse(&connection, &mut send, error).await;
     }
     if standby {
         return hold_standby(&connection, send, recv, leadership).await;
     }
     let Some(cluster) = leadership.cluster_soon().await else {
-        let leader = Some(leadership.role().leader).filter(|&l| l != 0);
+        let leader = leadership.role().leader.map(|l| l.0);
         let _ = wire::write_frame(&mut send, &CoordinatorMsg::NotLeader { leader }).await;
         let _ = send.finish();
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
@@ -136,7 +126,7 @@ async fn hold_standby(
         let now = *role.borrow_and_update();
         if now.is_leader() && now.term != told {
             let leading = CoordinatorMsg::Leading {
-                peer: leadership.id(),
+                peer: leadership.id().0,
                 term: now.term,
             };
             if wire::write_frame(&mut send, &leading).await.is_err() {
@@ -159,49 +149,52 @@ async fn hold_standby(
 }
 
 /// Why `register` from a peer holding `identity` is not acceptable, if it is not.
-pub fn check(identity: &Identity, register: &Register, topology: &Topology) -> Result<(), String> {
+pub fn check(
+    identity: &Identity,
+    register: &Register,
+    topology: &Topology,
+) -> Result<(), CoordinatorError> {
     if register.version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version {} is not supported (this coordinator speaks {PROTOCOL_VERSION}); \
-             run the same Tessera version everywhere",
-            register.version
-        ));
+        return Err(CoordinatorError::ProtocolVersion {
+            version: register.version,
+            supported: PROTOCOL_VERSION,
+        });
     }
     let Identity::Shard { group, rank } = identity else {
-        return Err(format!(
-            "a {identity:?} certificate cannot register as a shard; use the shard's own certificate"
-        ));
+        let identity = identity.clone();
+        return Err(CoordinatorError::NotAShard { identity });
     };
     if *group != register.group || *rank != register.rank {
-        return Err(format!(
-            "the certificate is for group {group} rank {rank}, but the shard registered as \
-             group {} rank {}",
-            register.group, register.rank
-        ));
+        return Err(CoordinatorError::CertificateMismatch {
+            group: group.clone(),
+            rank: *rank,
+            registered_group: register.group.clone(),
+            registered_rank: register.rank,
+        });
     }
     let Some(g) = topology.group(group) else {
-        return Err(format!("group `{group}` is not in the topology"));
+        let group = group.clone();
+        return Err(CoordinatorError::UnknownGroup { group });
     };
     if rank.0 as usize >= g.tp {
-        return Err(format!(
-            "group `{group}` has tp = {}; rank {rank} does not exist",
-            g.tp
-        ));
+        return Err(CoordinatorError::NoSuchRank {
+            group: group.clone(),
+            tp: g.tp,
+            rank: *rank,
+        });
     }
     Ok(())
 }
 
+/// Answers a registration with `Refused` and closes the connection; `Err` with the reason.
 async fn refuse(
     connection: &quinn::Connection,
     send: &mut quinn::SendStream,
-    reason: String,
+    error: CoordinatorError,
 ) -> Result<(), String> {
+    let reason = error.to_string();
     let msg = CoordinatorMsg::Refused {
-        error: WireError {
-            class: ErrorClass::InvalidRequest,
-            message: reason.clone(),
-            rank: None,
-        },
+        error: error.into(),
     };
     let _ = wire::write_frame(send, &msg).await;
     let _ = send.finish();

@@ -15,9 +15,10 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 use tessera_model::chat::{ChatMessage, ChatTemplateError};
 
+use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
 use super::params::{Endpoint, ParamsSpec, encode};
-use super::respond::{ChoicePart, Meta, Shape, respond};
+use super::respond::respond;
 use super::types::Fields;
 use super::{ApiJson, ApiState, ServedModel};
 

@@ -11,9 +11,10 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 
+use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
 use super::params::{Endpoint, ParamsSpec, check_token_id, encode};
-use super::respond::{ChoicePart, Meta, Shape, respond};
+use super::respond::respond;
 use super::types::{Fields, PromptSpec};
 use super::{ApiJson, ApiState, ServedModel};
 

@@ -11,7 +11,8 @@
 //!   `max_model_len`.
 //! - `POST /v1/completions` ([`completions`]) and `POST /v1/chat/completions` ([`chat`]):
 //!   both read the shared parameters of [`params`] and answer through [`respond`], as one
-//!   body or as server-sent events ([`stream`]); text comes from [`detok`].
+//!   body or as server-sent events ([`stream`]), both built on [`choice`]; text comes
+//!   from [`detok`].
 //! - `GET /v1/streams/{id}`: a journaled request again, resumable from any token
 //!   ([`resume`]).
 //! - `GET /v1/cluster` and the status page at `/` ([`status`]); membership of the
@@ -27,6 +28,7 @@
 
 mod auth;
 mod chat;
+mod choice;
 mod completions;
 mod detok;
 mod error;

@@ -9,6 +9,7 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use serde::Deserialize;
+use tessera_topology::PeerId;
 
 use super::error::{ApiError, ApiErrorKind};
 use super::{ApiJson, ApiState};
@@ -35,7 +36,7 @@ pub(crate) async fn add(
     check_address("http", &peer.http)?;
     check_address("quic", &peer.quic)?;
     let change = PeerChange::Add {
-        id: peer.id,
+        id: PeerId(peer.id),
         http: peer.http,
         quic: peer.quic,
     };
@@ -48,7 +49,8 @@ pub(crate) async fn remove(
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<ClusterStatus>, ApiError> {
     let Path(id) = id.map_err(|e| ApiError::new(ApiErrorKind::InvalidRequest, e.body_text()))?;
-    state.engine.change_peers(PeerChange::Remove { id }).await?;
+    let change = PeerChange::Remove { id: PeerId(id) };
+    state.engine.change_peers(change).await?;
     Ok(Json(state.engine.status()))
 }
 

@@ -25,9 +25,10 @@ use serde::Deserialize;
 
 use super::ApiState;
 use super::chat::ChatShape;
+use super::choice::{ChoicePart, Meta, Shape};
 use super::completions::CompletionShape;
 use super::error::{ApiError, ApiErrorKind};
-use super::respond::{self, Meta, Shape};
+use super::respond;
 use super::stream::{parse_event_id, sse};
 
 #[derive(Debug, Deserialize)]
@@ -89,7 +90,7 @@ pub(crate) async fn resume(
 
 async fn answer(
     meta: Meta,
-    parts: futures_util::stream::BoxStream<'static, Result<respond::ChoicePart, ApiError>>,
+    parts: futures_util::stream::BoxStream<'static, Result<ChoicePart, ApiError>>,
     shape: impl Shape,
     stream: bool,
     start: Instant,

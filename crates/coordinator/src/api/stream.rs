@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span};
 
+use super::choice::{ChoicePart, Meta, Shape, Usage, envelope, record_done};
 use super::error::ApiError;
-use super::respond::{ChoicePart, Meta, Shape, Usage, envelope, record_done};
 
 /// Events buffered between the task and the body: enough to smooth a burst of tokens,
 /// small enough that a stalled client stops the task (and so its sequences) from racing

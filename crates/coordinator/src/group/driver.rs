@@ -11,28 +11,30 @@
 //! A new coordinator leader's first assignment keeps the journaled sequences every rank
 //! reported held, alike, when it registered (`Assignment::keep`); the scheduler runs them
 //! on when their requests are resumed, without recomputing their KV.
+//!
+//! This file holds the task's state and its loop; the work is split by what it is about:
+//! [`epoch`] (registration, assignment, NCCL id relay, deadlines, fencing), [`serve`]
+//! (requests, step plans, step results, token streams) and [`telemetry`] (status,
+//! metrics, timing reports).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use tessera_comm::GroupToken;
-use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, HeldSeq, Ready, SeqId, ShardMsg, StepDone,
-    WireError,
-};
+use tessera_comm::proto::{CoordinatorMsg, HeldSeq, SeqId, ShardMsg};
 use tessera_comm::wire;
 use tessera_topology::Rank;
-use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, info, warn};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
 
-use super::scheduler::{Admitted, Adopted, Emitted, Refused, Scheduler, SchedulerConfig};
-use super::{GroupCommand, GroupHandle, ShardLink, Shared, TokenSender};
-use crate::engine::{GenerateRequest, GroupStatus, ShardStatus, TokenEvent};
-use crate::metrics as m;
+use super::scheduler::{Scheduler, SchedulerConfig};
+use super::{GroupCommand, GroupHandle, Shared, TokenSender};
+use crate::engine::{GroupStatus, ShardStatus};
 use crate::replication::state::Command;
 
+mod epoch;
+mod serve;
 mod telemetry;
 
 use telemetry::{Rate, Totals};
@@ -268,124 +270,6 @@ impl Driver {
         info!(group = %self.config.name, "group released");
     }
 
-    fn submit(
-        &mut self,
-        id: &str,
-        request: GenerateRequest,
-        generated: Vec<u32>,
-        events: TokenSender,
-        reply: oneshot::Sender<Result<(), WireError>>,
-    ) {
-        let seq = SeqId(self.seq_ids.fetch_add(1, Ordering::Relaxed));
-        match self
-            .sched
-            .submit(seq, id, request, generated, Instant::now())
-        {
-            Ok(Admitted::Queued) => {
-                self.waiting.insert(seq, events);
-                let _ = reply.send(Ok(()));
-            }
-            Ok(Admitted::Carried(adopted)) => {
-                self.waiting.insert(seq, events);
-                self.run_on(adopted);
-                let _ = reply.send(Ok(()));
-            }
-            Err(Refused::TooLarge {
-                needed_blocks,
-                kv_blocks,
-            }) => {
-                let _ = reply.send(Err(WireError {
-                    class: ErrorClass::InvalidRequest,
-                    message: format!(
-                        "the request needs {needed_blocks} KV blocks but group {} holds \
-                         {kv_blocks}; shorten the prompt or max_tokens",
-                        self.config.name
-                    ),
-                    rank: None,
-                }));
-            }
-            Err(Refused::QueueFull { waiting }) => {
-                metrics::counter!(m::SCHED_REJECTED, "group" => self.config.name.clone())
-                    .increment(1);
-                let _ = reply.send(Err(WireError {
-                    class: ErrorClass::CapacityExhausted,
-                    message: format!(
-                        "group {} has {waiting} requests waiting; retry later",
-                        self.config.name
-                    ),
-                    rank: None,
-                }));
-            }
-        }
-    }
-
-    /// A request runs on as a carried sequence: its stream follows the sequence, and
-    /// gets first the tokens the shards generated beyond those it was submitted with.
-    fn run_on(&mut self, adopted: Adopted) {
-        let Adopted { from, seq, extra } = adopted;
-        info!(group = %self.config.name, seq = %seq, extra = extra.len(), "a carried sequence runs on: no recompute");
-        let Some(events) = self.waiting.remove(&from) else {
-            self.sched.cancel(seq);
-            return;
-        };
-        for token in extra {
-            let event = TokenEvent {
-                token,
-                logprobs: None,
-                finish: None,
-            };
-            let _ = events.send(Ok(event));
-        }
-        self.waiting.insert(seq, events);
-    }
-
-    async fn attach(&mut self, rank: Rank, link: ShardLink) {
-        let r = rank.0 as usize;
-        let conn = self.next_conn;
-        self.next_conn += 1;
-        info!(group = %self.config.name, rank = %rank, pid = link.pid, "shard registered");
-        let tx = self.shard_tx.clone();
-        let mut recv = link.recv;
-        tokio::spawn(async move {
-            loop {
-                let msg =
-                    match wire::read_frame::<_, ShardMsg>(&mut recv, wire::MAX_FRAME_BYTES).await {
-                        Ok(Some(msg)) => Some(msg),
-                        Ok(None) => None,
-                        Err(error) => {
-                            debug!(rank = %rank, %error, "shard stream ended");
-                            None
-                        }
-                    };
-                let end = msg.is_none();
-                if tx.send(FromShard { rank, conn, msg }).is_err() || end {
-                    return;
-                }
-            }
-        });
-        let shard = &mut self.status.shards[r];
-        shard.state = "connected";
-        shard.pid = Some(link.pid);
-        shard.device = Some(link.device.clone());
-        let replaced = self.links[r].replace(Link {
-            conn,
-            connection: link.connection,
-            send: link.send,
-        });
-        if let Some(old) = replaced {
-            old.connection
-                .close(0u32.into(), b"replaced by a new registration");
-            if !matches!(self.state, State::Down) {
-                self.fence(
-                    rank,
-                    format!("rank {rank} restarted (new pid {})", link.pid),
-                );
-            }
-        }
-        self.held[r] = link.held;
-        self.maybe_assign().await;
-    }
-
     async fn on_shard(&mut self, event: FromShard) {
         let r = event.rank.0 as usize;
         if self.links[r].as_ref().map(|l| l.conn) != Some(event.conn) {
@@ -426,214 +310,13 @@ impl Driver {
         }
     }
 
-    /// Rank 0's NCCL unique id for the epoch being assigned, to every rank (rank 0 ignores
-    /// its own). Another rank sending one, or a group not on NCCL, is fenced.
-    async fn relay_nccl_id(&mut self, rank: Rank, epoch: u64, id: Vec<u8>) {
-        if rank != Rank(0) || self.config.collective != GroupCollective::Nccl {
-            self.fence(
-                rank,
-                format!("rank {rank} sent an NCCL id it was not asked for"),
-            );
-            return;
-        }
-        if !matches!(self.state, State::Assigning { epoch: e, .. } if e == epoch) {
-            return; // an id for an epoch already over
-        }
-        debug!(group = %self.config.name, epoch, "relaying the NCCL id");
-        if let Err(rank) = self.broadcast(&CoordinatorMsg::NcclId { epoch, id }).await {
-            self.fence(rank, format!("rank {rank} could not take the NCCL id"));
-        }
-    }
-
-    fn on_ready(&mut self, rank: Rank, ready: Ready) {
-        let State::Assigning {
-            epoch,
-            ready: slots,
-            keep,
-            ..
-        } = &mut self.state
-        else {
-            return;
-        };
-        if ready.epoch != *epoch {
-            return;
-        }
-        info!(
-            group = %self.config.name, rank = %rank, epoch = ready.epoch,
-            kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
-            kept = ready.kept.len(), "rank ready"
-        );
-        let r = rank.0 as usize;
-        slots[r] = Some((ready.kv_blocks, ready.block_size));
-        if !ready.kept.iter().eq(keep.iter().map(|h| &h.seq)) {
-            let kept = ready.kept.len();
-            let of = keep.len();
-            self.fence(
-                rank,
-                format!("rank {rank} carried {kept} sequences into the epoch, not the {of} named"),
-            );
-            return;
-        }
-        self.record(Command::ShardUp {
-            group: self.config.name.clone(),
-            rank: rank.0,
-            epoch: ready.epoch,
-            host: self.config.hosts.get(r).cloned().unwrap_or_default(),
-            pid: self.status.shards[r].pid.unwrap_or(0),
-        });
-        let shard = &mut self.status.shards[r];
-        shard.state = "ready";
-        shard.weight_bytes = ready.weight_bytes;
-        shard.kv_blocks_free = ready.kv_blocks;
-        let labels = self.labels(rank);
-        metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
-        metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
-        self.maybe_serve();
-    }
-
-    fn on_step_done(&mut self, rank: Rank, done: StepDone) {
-        let State::Serving { epoch } = self.state else {
-            return;
-        };
-        if done.epoch != epoch {
-            return;
-        }
-        let r = rank.0 as usize;
-        self.last_done[r] = done.step + 1;
-        let labels = self.labels(rank);
-        let seconds = |us: u64| us as f64 / 1e6;
-        metrics::histogram!(m::SHARD_STEP_SECONDS, &labels).record(seconds(done.timings.step_us));
-        metrics::histogram!(m::SHARD_COLLECTIVE_SECONDS, &labels)
-            .record(seconds(done.timings.collective_us));
-        metrics::histogram!(m::SHARD_IDLE_SECONDS, &labels).record(seconds(done.timings.idle_us));
-        self.status.shards[r].kv_blocks_free = done.free_blocks;
-        let t = &mut self.totals[r];
-        t.steps += 1;
-        t.step_us += done.timings.step_us;
-        t.collective_us += done.timings.collective_us;
-        t.idle_us += done.timings.idle_us;
-        if rank != Rank(0) {
-            return;
-        }
-        let now = Instant::now();
-        for (seq, hit) in &done.cached {
-            debug!(group = %self.config.name, seq = %seq, tokens = hit, "prefix cache hit");
-        }
-        let hits: u64 = done.cached.iter().map(|(_, t)| u64::from(*t)).sum();
-        if hits > 0 {
-            metrics::counter!(m::PREFIX_CACHE_HIT_TOKENS, "group" => self.config.name.clone())
-                .increment(hits);
-        }
-        metrics::gauge!(m::KV_BLOCKS_FREE, "group" => self.config.name.clone())
-            .set(f64::from(done.free_blocks));
-        let emitted = self
-            .sched
-            .on_step_done(done.step, done.tokens, &done.cached, now);
-        self.rate.add(emitted.len(), now);
-        for Emitted { seq, token, finish } in emitted {
-            let Some(events) = self.waiting.get(&seq) else {
-                continue;
-            };
-            let event = TokenEvent {
-                token: token.token,
-                logprobs: token.logprobs,
-                finish,
-            };
-            if events.send(Ok(event)).is_err() {
-                self.waiting.remove(&seq);
-                self.sched.cancel(seq);
-            } else if finish.is_some() {
-                self.waiting.remove(&seq);
-            }
-        }
-    }
-
+    /// Every [`TICK`]: abandoned and expired requests, deadlines, a new epoch if due.
     async fn on_tick(&mut self) {
         let now = Instant::now();
-        let limits = self.config.limits;
-        // Requests whose client went away.
-        let gone: Vec<SeqId> = self
-            .waiting
-            .iter()
-            .filter(|(_, reply)| reply.is_closed())
-            .map(|(id, _)| *id)
-            .collect();
-        for seq in gone {
-            self.waiting.remove(&seq);
-            self.sched.cancel(seq);
-        }
-        let expired = match self.state {
-            State::Serving { .. } => {
-                self.sched.expire_carried(now, CARRIED_GRACE);
-                Vec::new()
-            }
-            _ => self.sched.expire(now, limits.queue_wait, self.down_since),
-        };
-        for seq in expired {
-            let message = format!(
-                "group {} did not become ready within {} s{}",
-                self.config.name,
-                limits.queue_wait.as_secs(),
-                self.missing_ranks()
-            );
-            self.fail(seq, ErrorClass::Unavailable, message, None);
-        }
-        match &self.state {
-            State::Serving { .. } => {
-                if let Some(step) = self
-                    .sched
-                    .overdue(now, limits.step_base, limits.step_per_token)
-                {
-                    let laggard = (0..self.config.tp)
-                        .min_by_key(|&r| self.last_done[r])
-                        .map_or(Rank(0), |r| Rank(r as u32));
-                    self.fence(
-                        laggard,
-                        format!("rank {laggard} missed the deadline of step {step}"),
-                    );
-                }
-            }
-            State::Assigning { since, ready, .. } => {
-                if now.duration_since(*since) > limits.assign_deadline {
-                    let missing = ready.iter().position(Option::is_none).unwrap_or(0);
-                    let rank = Rank(missing as u32);
-                    self.fence(
-                        rank,
-                        format!(
-                            "rank {rank} did not report ready within {} s",
-                            limits.assign_deadline.as_secs()
-                        ),
-                    );
-                }
-            }
-            State::Down => {}
-        }
+        self.drop_abandoned();
+        self.expire_waiting(now);
+        self.check_deadlines(now);
         self.maybe_assign().await;
-    }
-
-    /// Sends every plan the scheduler has ready.
-    async fn pump(&mut self) {
-        if !matches!(self.state, State::Serving { .. }) {
-            return;
-        }
-        while let Some(plan) = self.sched.plan_step(Instant::now()) {
-            let tokens = plan.decode.len()
-                + plan
-                    .prefill
-                    .iter()
-                    .map(|c| c.tokens as usize)
-                    .sum::<usize>();
-            metrics::histogram!(m::STEP_TOKENS, "group" => self.config.name.clone())
-                .record(tokens as f64);
-            let msg = CoordinatorMsg::Step(plan);
-            if let Err(rank) = self.broadcast(&msg).await {
-                self.fence(
-                    rank,
-                    format!("rank {rank} stopped reading its control stream"),
-                );
-                return;
-            }
-        }
     }
 
     /// Writes `msg` to every rank; on failure, the first rank that could not take it.
@@ -656,136 +339,7 @@ impl Driver {
         }
     }
 
-    /// Starts a new epoch when every rank is connected and the group is down.
-    async fn maybe_assign(&mut self) {
-        if !matches!(self.state, State::Down) || self.links.iter().any(Option::is_none) {
-            return;
-        }
-        self.epoch += 1;
-        let epoch = self.epoch;
-        metrics::gauge!(m::GROUP_EPOCH, "group" => self.config.name.clone()).set(epoch as f64);
-        self.record(Command::Fence {
-            group: self.config.name.clone(),
-            epoch,
-        });
-        let bootstrap = match (&self.config.collective, self.config.tp) {
-            (_, 1) => Bootstrap::Solo,
-            (GroupCollective::Tcp { peers }, _) => Bootstrap::Tcp {
-                peers: peers.clone(),
-            },
-            (GroupCollective::Nccl, _) => Bootstrap::Nccl,
-            (GroupCollective::Shm, _) => Bootstrap::Shm {
-                name: format!("tessera-{}-e{epoch}", self.config.name),
-            },
-        };
-        let keep = held_alike(std::mem::take(&mut self.held));
-        self.held = vec![Vec::new(); self.config.tp];
-        let assignment = Assignment {
-            term: self.config.term,
-            epoch,
-            token: GroupToken::random(),
-            bootstrap,
-            collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
-            keep: keep.iter().map(|h| h.seq).collect(),
-        };
-        info!(group = %self.config.name, epoch, keep = keep.len(), "assigning");
-        self.state = State::Assigning {
-            epoch,
-            since: Instant::now(),
-            ready: vec![None; self.config.tp],
-            keep,
-        };
-        if let Err(rank) = self.broadcast(&CoordinatorMsg::Assign(assignment)).await {
-            self.fence(rank, format!("rank {rank} could not be assigned"));
-        }
-    }
-
-    fn maybe_serve(&mut self) {
-        let State::Assigning {
-            epoch, ready, keep, ..
-        } = &mut self.state
-        else {
-            return;
-        };
-        if ready.iter().any(Option::is_none) {
-            return;
-        }
-        let epoch = *epoch;
-        let kv_blocks = ready.iter().flatten().map(|(b, _)| *b).min().unwrap_or(0);
-        let block_size = ready.iter().flatten().map(|(_, s)| *s).max().unwrap_or(16);
-        let carried = std::mem::take(keep);
-        let adopted = self
-            .sched
-            .start_epoch(epoch, kv_blocks, block_size, carried, Instant::now());
-        self.last_done = vec![0; self.config.tp];
-        self.state = State::Serving { epoch };
-        self.shared.ready.store(true, Ordering::Relaxed);
-        info!(group = %self.config.name, epoch, kv_blocks, "group serving");
-        for a in adopted {
-            self.run_on(a);
-        }
-    }
-
-    /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
-    fn fence(&mut self, rank: Rank, reason: String) {
-        self.shared.ready.store(false, Ordering::Relaxed);
-        if matches!(self.state, State::Serving { .. }) {
-            self.down_since = Instant::now();
-        }
-        self.state = State::Down;
-        // What ranks held is stale once their sequences are failed here.
-        self.held = vec![Vec::new(); self.config.tp];
-        let lost = self.sched.fence();
-        metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
-        warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
-        let message = format!("group {}: {reason}", self.config.name);
-        for seq in lost {
-            self.fail(seq, ErrorClass::Unavailable, message.clone(), Some(rank));
-        }
-    }
-
-    fn fail(&mut self, seq: SeqId, class: ErrorClass, message: String, rank: Option<Rank>) {
-        if let Some(events) = self.waiting.remove(&seq) {
-            let _ = events.send(Err(WireError {
-                class,
-                message,
-                rank,
-            }));
-        }
-    }
-
-    fn current_epoch(&self) -> Option<u64> {
-        match self.state {
-            State::Down => None,
-            State::Assigning { epoch, .. } | State::Serving { epoch } => Some(epoch),
-        }
-    }
-
-    fn missing_ranks(&self) -> String {
-        let missing: Vec<String> = (0..self.config.tp)
-            .filter(|&r| self.links[r].is_none())
-            .map(|r| r.to_string())
-            .collect();
-        if missing.is_empty() {
-            String::new()
-        } else {
-            format!(" (rank {} not connected)", missing.join(", "))
-        }
-    }
-
     fn shard_state(&mut self, rank: Rank, state: &'static str) {
         self.status.shards[rank.0 as usize].state = state;
     }
-}
-
-/// The sequences every rank holds alike (same id, request, tokens and cached
-/// positions), in id order: those a new epoch may carry.
-fn held_alike(mut per_rank: Vec<Vec<HeldSeq>>) -> Vec<HeldSeq> {
-    let Some(first) = per_rank.pop() else {
-        return Vec::new();
-    };
-    first
-        .into_iter()
-        .filter(|h| per_rank.iter().all(|other| other.contains(h)))
-        .collect()
 }

@@ -14,11 +14,12 @@ pub mod scheduler;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_comm::proto::WireError;
 use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{GenerateRequest, GroupStatus, TokenEvent, TokenStream};
+use crate::error::CoordinatorError;
 
 /// The control streams of one registered shard.
 #[derive(Debug)]
@@ -132,10 +133,7 @@ impl GroupHandle {
     }
 
     fn stopped(&self) -> WireError {
-        WireError {
-            class: ErrorClass::Unavailable,
-            message: format!("group {}: the coordinator is shutting down", self.name),
-            rank: None,
-        }
+        let group = self.name.clone();
+        CoordinatorError::GroupStopped { group }.into()
     }
 }

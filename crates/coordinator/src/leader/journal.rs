@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::{ErrorClass, FinishReason, WireError};
+use tessera_comm::proto::FinishReason;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use super::{JOURNAL_TIMEOUT, now_ms};
 use crate::engine::{TokenEvent, TokenStream};
+use crate::error::CoordinatorError;
 use crate::group::TokenSender;
 use crate::replication::node::NodeHandle;
 use crate::replication::state::{Command, Outcome, RequestId};
@@ -152,20 +153,14 @@ pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
             match end {
                 Some(Ending::Finished(_)) => return,
                 Some(ending) => {
-                    let _ = tx.send(Err(WireError {
-                        class: ErrorClass::Unavailable,
-                        message: format!("the request ended unfinished ({ending:?}); retry"),
-                        rank: None,
-                    }));
+                    let ending = format!("{ending:?}");
+                    let error = CoordinatorError::EndedUnfinished { ending };
+                    let _ = tx.send(Err(error.into()));
                     return;
                 }
                 None => {
                     if tail.changed().await.is_err() && tail.borrow().end.is_none() {
-                        let _ = tx.send(Err(WireError {
-                            class: ErrorClass::Unavailable,
-                            message: "the request stopped on this peer; retry".into(),
-                            rank: None,
-                        }));
+                        let _ = tx.send(Err(CoordinatorError::StoppedOnPeer.into()));
                         return;
                     }
                 }

@@ -6,10 +6,11 @@
 use std::fmt::Write as _;
 
 use slog::{Drain, KV as _, Level, OwnedKVList, Record};
+use tessera_topology::PeerId;
 
 /// An `slog` logger whose records become `tracing` events.
-pub fn logger(peer: u64) -> slog::Logger {
-    slog::Logger::root(TracingDrain, slog::o!("peer" => peer))
+pub fn logger(peer: PeerId) -> slog::Logger {
+    slog::Logger::root(TracingDrain, slog::o!("peer" => peer.0))
 }
 
 /// A logger that drops everything (simulations run thousands of peers).

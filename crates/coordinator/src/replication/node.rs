@@ -12,10 +12,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use raft::prelude::{Message, MessageType};
+use tessera_topology::PeerId;
 use tokio::sync::{oneshot, watch};
 use tracing::{error, info};
 
-use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposeError, Role, TICK};
+use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposalRefused, Role, TICK};
 use super::state::{ClusterState, Command, Summary};
 
 /// Where a peer's messages go. Sending never blocks: a transport queues, and reports a
@@ -24,11 +25,12 @@ pub trait Transport: Send + 'static {
     fn send(&mut self, message: Message);
 }
 
-/// Why a proposal did not complete.
+/// Why a proposal did not complete: the Raft core refused it ([`ProposalRefused`]), it
+/// was not applied in time, or the peer stopped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProposalError {
     #[error(transparent)]
-    Refused(#[from] ProposeError),
+    Refused(#[from] ProposalRefused),
     /// It may still be applied later: its outcome is unknown.
     #[error("the proposal was not applied within {0:?} (a leader change may have lost it)")]
     Timeout(Duration),
@@ -39,8 +41,8 @@ pub enum ProposalError {
 enum Input {
     Raft(Message),
     Propose(Proposal, oneshot::Sender<Result<Applied, ProposalError>>),
-    Unreachable { to: u64, snapshot: bool },
-    SnapshotSent { to: u64 },
+    Unreachable { to: PeerId, snapshot: bool },
+    SnapshotSent { to: PeerId },
     Read(Read),
     Stop,
 }
@@ -59,7 +61,7 @@ pub struct NodeHandle {
     inputs: mpsc::Sender<Input>,
     role: watch::Receiver<Role>,
     summary: watch::Receiver<Arc<Summary>>,
-    voters: watch::Receiver<Vec<u64>>,
+    voters: watch::Receiver<Vec<PeerId>>,
     thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
 }
 
@@ -78,7 +80,7 @@ impl NodeHandle {
     }
 
     /// A message to `to` was not delivered.
-    pub fn unreachable(&self, to: u64, was_snapshot: bool) {
+    pub fn unreachable(&self, to: PeerId, was_snapshot: bool) {
         let _ = self.inputs.send(Input::Unreachable {
             to,
             snapshot: was_snapshot,
@@ -86,7 +88,7 @@ impl NodeHandle {
     }
 
     /// A snapshot message reached `to`.
-    pub fn snapshot_sent(&self, to: u64) {
+    pub fn snapshot_sent(&self, to: PeerId) {
         let _ = self.inputs.send(Input::SnapshotSent { to });
     }
 
@@ -130,7 +132,7 @@ impl NodeHandle {
     }
 
     /// The voters of the configuration this peer applied last.
-    pub fn voters(&self) -> Vec<u64> {
+    pub fn voters(&self) -> Vec<PeerId> {
         self.voters.borrow().clone()
     }
 
@@ -198,7 +200,7 @@ struct Driver<T> {
     waiting: HashMap<ProposalId, oneshot::Sender<Result<Applied, ProposalError>>>,
     role: watch::Sender<Role>,
     summary: watch::Sender<Arc<Summary>>,
-    voters: watch::Sender<Vec<u64>>,
+    voters: watch::Sender<Vec<PeerId>>,
 }
 
 impl<T: Transport> Driver<T> {
@@ -217,7 +219,7 @@ impl<T: Transport> Driver<T> {
             if let Err(e) = self.advance() {
                 // The store failed: stop taking part rather than act on a state that may
                 // not be on disk. A restart recovers from what is.
-                error!(peer = self.peer.id(), error = %e, "raft peer stopped");
+                error!(peer = self.peer.id().0, error = %e, "raft peer stopped");
                 return;
             }
         }
@@ -295,9 +297,9 @@ impl<T: Transport> Driver<T> {
         if (role.leader, role.term, role.state) != (before.leader, before.term, before.state) {
             if role.leader != before.leader || role.term != before.term {
                 info!(
-                    peer = role.id,
+                    peer = role.id.0,
                     term = role.term,
-                    leader = role.leader,
+                    leader = role.leader.map(|l| l.0),
                     role = ?role.state,
                     "raft leadership"
                 );

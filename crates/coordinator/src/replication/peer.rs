@@ -16,6 +16,7 @@ use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Mes
 use raft::{Config, RawNode, StateRole, Storage};
 use serde::{Deserialize, Serialize};
 use tessera_comm::wire;
+use tessera_topology::PeerId;
 
 use super::state::{ClusterState, Command, Outcome};
 use super::store::{LogStore, StoreError};
@@ -67,9 +68,11 @@ fn failpoint(name: &'static str) -> Result<(), PeerError> {
     Ok(())
 }
 
-/// Why a proposal was not taken. It was not, and never will be, applied.
+/// Why this peer's Raft core refused a proposal on the spot. It was not, and never will
+/// be, applied. (A proposal taken here may still fail to complete: see
+/// [`super::node::ProposalError`].)
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ProposeError {
+pub enum ProposalRefused {
     #[error("no leader is known (an election is under way)")]
     NoLeader,
     #[error("the command is {bytes} bytes; the limit is {MAX_COMMAND_BYTES}")]
@@ -83,7 +86,7 @@ pub enum ProposeError {
 /// never match) and a sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ProposalId {
-    pub peer: u64,
+    pub peer: PeerId,
     pub incarnation: u64,
     pub seq: u64,
 }
@@ -91,8 +94,14 @@ pub struct ProposalId {
 /// A membership change: `Join` adds a voter with its addresses, `Leave` removes one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MembershipChange {
-    Join { id: u64, http: String, quic: String },
-    Leave { id: u64 },
+    Join {
+        id: PeerId,
+        http: String,
+        quic: String,
+    },
+    Leave {
+        id: PeerId,
+    },
 }
 
 /// A committed entry as this peer applied it.
@@ -120,10 +129,10 @@ pub struct Advanced {
 /// The peer's role and term, as `GET /v1/cluster` shows them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Role {
-    pub id: u64,
+    pub id: PeerId,
     pub term: u64,
-    /// 0 while no leader is known.
-    pub leader: u64,
+    /// `None` while no leader is known.
+    pub leader: Option<PeerId>,
     pub state: StateRole,
 }
 
@@ -160,8 +169,8 @@ impl Peer {
     /// the leader. The state is the store's snapshot; the entries after it are applied
     /// again as Raft hands them out.
     pub fn start(
-        id: u64,
-        voters: &[u64],
+        id: PeerId,
+        voters: &[PeerId],
         store: LogStore,
         incarnation: u64,
         logger: &slog::Logger,
@@ -175,17 +184,18 @@ impl Peer {
             let meta = snapshot.mut_metadata();
             meta.index = 1;
             meta.term = 1;
-            meta.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            let voters: Vec<u64> = voters.iter().map(|v| v.0).collect();
+            meta.set_conf_state(ConfState::from((voters, vec![])));
             store.apply_snapshot(&snapshot)?;
         }
-        let snapshot = store.snapshot(0, id)?;
+        let snapshot = store.snapshot(0, id.0)?;
         let state = if snapshot.get_data().is_empty() {
             ClusterState::default()
         } else {
             ClusterState::restore(snapshot.get_data())?
         };
         let config = Config {
-            id,
+            id: id.0,
             election_tick: ELECTION_TICKS,
             heartbeat_tick: HEARTBEAT_TICKS,
             applied: snapshot.get_metadata().index,
@@ -198,7 +208,7 @@ impl Peer {
         config.validate()?;
         let mut node = RawNode::new(&config, store, logger)?;
         // The only voter needs no election timeout: it leads at once.
-        if node.raft.prs().conf().voters().ids().iter().eq([id]) {
+        if node.raft.prs().conf().voters().ids().iter().eq([id.0]) {
             node.campaign()?;
         }
         Ok(Peer {
@@ -217,15 +227,18 @@ impl Peer {
         self
     }
 
-    pub fn id(&self) -> u64 {
-        self.node.raft.id
+    pub fn id(&self) -> PeerId {
+        PeerId(self.node.raft.id)
     }
 
     pub fn role(&self) -> Role {
         Role {
-            id: self.node.raft.id,
+            id: self.id(),
             term: self.node.raft.term,
-            leader: self.node.raft.leader_id,
+            // raft-rs says 0 for none: ids start at 1.
+            leader: Some(self.node.raft.leader_id)
+                .filter(|&l| l != 0)
+                .map(PeerId),
             state: self.node.raft.state,
         }
     }
@@ -236,12 +249,12 @@ impl Peer {
     }
 
     /// The voters of the last applied configuration.
-    pub fn voters(&self) -> Vec<u64> {
-        let mut voters = self
+    pub fn voters(&self) -> Vec<PeerId> {
+        let mut voters: Vec<PeerId> = self
             .node
             .store()
             .initial_state()
-            .map(|s| s.conf_state.voters)
+            .map(|s| s.conf_state.voters.into_iter().map(PeerId).collect())
             .unwrap_or_default();
         voters.sort_unstable();
         voters
@@ -260,35 +273,35 @@ impl Peer {
 
     /// Tells Raft a message to `to` could not be sent (the peer is down or cut off); it
     /// probes that peer again instead of streaming to it.
-    pub fn report_unreachable(&mut self, to: u64) {
-        self.node.report_unreachable(to);
+    pub fn report_unreachable(&mut self, to: PeerId) {
+        self.node.report_unreachable(to.0);
     }
 
     /// Tells Raft whether a snapshot message reached `to`. Until it hears, the leader
     /// sends that peer nothing else; a lost snapshot is sent again.
-    pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
+    pub fn report_snapshot(&mut self, to: PeerId, delivered: bool) {
         let status = if delivered {
             raft::SnapshotStatus::Finish
         } else {
             raft::SnapshotStatus::Failure
         };
-        self.node.report_snapshot(to, status);
+        self.node.report_snapshot(to.0, status);
     }
 
     /// Proposes `command`. It is applied (on every peer, in log order) once committed;
     /// [`Advanced::applied`] names it with the returned id on this peer. A follower
     /// forwards the proposal to its leader; a leader change can still drop it silently,
     /// so a caller waits with a deadline.
-    pub fn propose(&mut self, command: &Command) -> Result<ProposalId, ProposeError> {
-        let data = wire::encode(command).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+    pub fn propose(&mut self, command: &Command) -> Result<ProposalId, ProposalRefused> {
+        let data = wire::encode(command).map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         if data.len() > MAX_COMMAND_BYTES {
-            return Err(ProposeError::TooLarge { bytes: data.len() });
+            return Err(ProposalRefused::TooLarge { bytes: data.len() });
         }
         let id = self.next_proposal();
-        let context = wire::encode(&id).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        let context = wire::encode(&id).map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         self.node
             .propose(context, data)
-            .map_err(|e| self.propose_error(e))?;
+            .map_err(|e| self.refusal(e))?;
         Ok(id)
     }
 
@@ -296,21 +309,21 @@ impl Peer {
     pub fn propose_membership(
         &mut self,
         change: &MembershipChange,
-    ) -> Result<ProposalId, ProposeError> {
+    ) -> Result<ProposalId, ProposalRefused> {
         let (node_id, change_type) = match change {
             MembershipChange::Join { id, .. } => (*id, ConfChangeType::AddNode),
             MembershipChange::Leave { id } => (*id, ConfChangeType::RemoveNode),
         };
         let id = self.next_proposal();
         let context = wire::encode(&(id, change.clone()))
-            .map_err(|e| ProposeError::Dropped(e.to_string()))?;
+            .map_err(|e| ProposalRefused::Dropped(e.to_string()))?;
         let mut cc = ConfChange::default();
         cc.set_change_type(change_type);
-        cc.node_id = node_id;
+        cc.node_id = node_id.0;
         cc.set_context(context.into());
         self.node
             .propose_conf_change(Vec::new(), cc)
-            .map_err(|e| self.propose_error(e))?;
+            .map_err(|e| self.refusal(e))?;
         Ok(id)
     }
 
@@ -323,10 +336,12 @@ impl Peer {
         }
     }
 
-    fn propose_error(&self, error: raft::Error) -> ProposeError {
+    fn refusal(&self, error: raft::Error) -> ProposalRefused {
         match error {
-            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => ProposeError::NoLeader,
-            other => ProposeError::Dropped(other.to_string()),
+            raft::Error::ProposalDropped if self.node.raft.leader_id == 0 => {
+                ProposalRefused::NoLeader
+            }
+            other => ProposalRefused::Dropped(other.to_string()),
         }
     }
 

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tessera_comm::proto::FinishReason;
 use tessera_comm::wire;
+use tessera_topology::PeerId;
 
 use crate::engine::GenerateRequest;
 
@@ -35,13 +36,13 @@ pub enum Command {
     /// A coordinator peer's addresses and process id (added, or changed on restart; pid 0
     /// until the process announces itself).
     Member {
-        id: u64,
+        id: PeerId,
         http: String,
         quic: String,
         pid: u32,
     },
     /// A coordinator peer left the configuration.
-    Leave { id: u64 },
+    Leave { id: PeerId },
     /// A model the cluster serves: its files and the groups that serve it.
     Model { name: String, record: ModelRecord },
     /// A shard registered in `group` at `epoch`.
@@ -144,7 +145,7 @@ pub struct Journaled {
 pub struct ClusterState {
     /// The index of the last applied entry.
     pub applied: u64,
-    pub members: BTreeMap<u64, Member>,
+    pub members: BTreeMap<PeerId, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
     pub journal: BTreeMap<RequestId, Journaled>,
@@ -155,7 +156,7 @@ pub struct ClusterState {
 /// change. The journal is read where it lives ([`super::node::NodeHandle::read`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
-    pub members: BTreeMap<u64, Member>,
+    pub members: BTreeMap<PeerId, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
 }

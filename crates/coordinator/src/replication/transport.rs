@@ -31,6 +31,22 @@ pub enum PeerMsg {
     Raft(Vec<u8>),
 }
 
+/// Why a Raft message did not reach its peer's stream. Raft hears of it as an unreachable
+/// peer and retries on its own schedule; the error itself is only logged.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("the raft message to peer {to} does not encode: {source}")]
+    Encode {
+        to: PeerId,
+        source: protobuf::ProtobufError,
+    },
+    #[error("writing to peer {to} failed: {source}")]
+    Write {
+        to: PeerId,
+        source: tessera_comm::CommError,
+    },
+}
+
 /// Messages queued for one peer before new ones are reported unreachable.
 const QUEUE: usize = 512;
 /// How long dialing a peer may take.
@@ -39,7 +55,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REDIAL_PAUSE: Duration = Duration::from_millis(200);
 
 /// The QUIC address of each peer, by id: the topology's, updated as members join.
-pub type Addresses = Arc<RwLock<BTreeMap<u64, String>>>;
+pub type Addresses = Arc<RwLock<BTreeMap<PeerId, String>>>;
 
 /// The local node, set once it has started (the transport exists before it does).
 pub type NodeCell = Arc<OnceLock<NodeHandle>>;
@@ -51,7 +67,7 @@ pub struct QuicTransport {
     addresses: Addresses,
     node: NodeCell,
     runtime: tokio::runtime::Handle,
-    links: HashMap<u64, mpsc::Sender<Message>>,
+    links: HashMap<PeerId, mpsc::Sender<Message>>,
 }
 
 impl QuicTransport {
@@ -74,7 +90,7 @@ impl QuicTransport {
 
 impl Transport for QuicTransport {
     fn send(&mut self, message: Message) {
-        let to = message.to;
+        let to = PeerId(message.to);
         let link = self.links.entry(to).or_insert_with(|| {
             let (tx, rx) = mpsc::channel(QUEUE);
             let link = Link {
@@ -116,13 +132,13 @@ pub fn start(
 
 fn unreachable(node: &NodeCell, message: &Message) {
     if let Some(node) = node.get() {
-        node.unreachable(message.to, is_snapshot(message));
+        node.unreachable(PeerId(message.to), is_snapshot(message));
     }
 }
 
 /// The outbound side of one remote peer.
 struct Link {
-    to: u64,
+    to: PeerId,
     endpoint: quinn::Endpoint,
     addresses: Addresses,
     node: NodeCell,
@@ -143,7 +159,7 @@ impl Link {
             let mut next = Some(first);
             while let Some(message) = next.take() {
                 if let Err(error) = self.write(&mut send, &message).await {
-                    debug!(to = self.to, %error, "raft link lost");
+                    debug!(to = self.to.0, %error, "raft link lost");
                     unreachable(&self.node, &message);
                     break;
                 }
@@ -155,12 +171,12 @@ impl Link {
     async fn open(&self) -> Option<(quinn::Connection, quinn::SendStream)> {
         let addr = self.addresses.read().ok()?.get(&self.to).cloned()?;
         let target: SocketAddr = tokio::net::lookup_host(&addr).await.ok()?.next()?;
-        let identity = Identity::Coordinator(PeerId(self.to));
+        let identity = Identity::Coordinator(self.to);
         let connecting = quic::connect(&self.endpoint, target, &identity);
         let connection = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(error)) => {
-                debug!(to = self.to, addr, %error, "raft peer not reachable");
+                debug!(to = self.to.0, addr, %error, "raft peer not reachable");
                 return None;
             }
             Err(_) => return None,
@@ -169,9 +185,23 @@ impl Link {
         Some((connection, send))
     }
 
-    async fn write(&self, send: &mut quinn::SendStream, message: &Message) -> anyhow::Result<()> {
-        let bytes = message.write_to_bytes()?;
-        wire::write_frame(send, &PeerMsg::Raft(bytes)).await?;
+    async fn write(
+        &self,
+        send: &mut quinn::SendStream,
+        message: &Message,
+    ) -> Result<(), TransportError> {
+        let bytes = message
+            .write_to_bytes()
+            .map_err(|source| TransportError::Encode {
+                to: self.to,
+                source,
+            })?;
+        wire::write_frame(send, &PeerMsg::Raft(bytes))
+            .await
+            .map_err(|source| TransportError::Write {
+                to: self.to,
+                source,
+            })?;
         if is_snapshot(message)
             && let Some(node) = self.node.get()
         {
@@ -182,7 +212,7 @@ impl Link {
 }
 
 /// Reads Raft messages from coordinator peer `from` until the connection closes.
-pub async fn serve_inbound(connection: quinn::Connection, from: u64, node: NodeHandle) {
+pub async fn serve_inbound(connection: quinn::Connection, from: PeerId, node: NodeHandle) {
     while let Ok((_send, mut recv)) = connection.accept_bi().await {
         let node = node.clone();
         tokio::spawn(async move {
@@ -192,14 +222,14 @@ pub async fn serve_inbound(connection: quinn::Connection, from: u64, node: NodeH
                     Ok(Some(PeerMsg::Raft(bytes))) => bytes,
                     Ok(None) => return,
                     Err(error) => {
-                        warn!(from, %error, "bad frame from coordinator peer");
+                        warn!(from = from.0, %error, "bad frame from coordinator peer");
                         return;
                     }
                 };
-                match decode(&bytes, from) {
+                match decode(&bytes, from.0) {
                     Ok(message) => node.receive(message),
                     Err(reason) => {
-                        warn!(from, reason, "raft message dropped");
+                        warn!(from = from.0, reason, "raft message dropped");
                         return;
                     }
                 }
@@ -208,7 +238,8 @@ pub async fn serve_inbound(connection: quinn::Connection, from: u64, node: NodeH
     }
 }
 
-/// A Raft message from peer `from`, which must say it is from `from`.
+/// A Raft message from peer `from`, which must say it is from `from` (raft-rs's own id,
+/// at the edge where the message is decoded).
 fn decode(bytes: &[u8], from: u64) -> Result<Message, String> {
     let message = Message::parse_from_bytes(bytes).map_err(|e| e.to_string())?;
     if message.from != from {

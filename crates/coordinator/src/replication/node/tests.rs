@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use raft::prelude::Message;
+use tessera_topology::PeerId;
 
 use super::{NodeHandle, ProposalError, Transport, is_snapshot, spawn};
 use crate::replication::log;
-use crate::replication::peer::{Peer, ProposeError};
+use crate::replication::peer::{Peer, ProposalRefused};
 use crate::replication::state::{Command, Outcome};
 use crate::replication::store::LogStore;
 
@@ -28,13 +29,13 @@ impl Transport for Loopback {
                 if is_snapshot(&message)
                     && let Some(me) = network.get(&self.from)
                 {
-                    me.snapshot_sent(message.to);
+                    me.snapshot_sent(PeerId(message.to));
                 }
                 to.receive(message);
             }
             None => {
                 if let Some(me) = network.get(&self.from) {
-                    me.unreachable(message.to, is_snapshot(&message));
+                    me.unreachable(PeerId(message.to), is_snapshot(&message));
                 }
             }
         }
@@ -42,7 +43,9 @@ impl Transport for Loopback {
 }
 
 fn start(id: u64, store: LogStore, network: &Network) -> NodeHandle {
-    let peer = Peer::start(id, &[1, 2, 3], store, id * 1000 + 1, &log::discard()).expect("peer");
+    let voters = [PeerId(1), PeerId(2), PeerId(3)];
+    let peer =
+        Peer::start(PeerId(id), &voters, store, id * 1000 + 1, &log::discard()).expect("peer");
     let transport = Loopback {
         from: id,
         network: Arc::clone(network),
@@ -62,7 +65,7 @@ async fn leader(network: &Network, deadline: Duration) -> (u64, Duration) {
             .values()
             .map(|h| *h.role().borrow())
             .filter(|r| r.is_leader())
-            .map(|r| r.id)
+            .map(|r| r.id.0)
             .collect();
         if let [one] = leaders[..] {
             return (one, started.elapsed());
@@ -161,7 +164,7 @@ async fn a_lone_peer_without_quorum_refuses_or_times_out() {
     assert!(
         matches!(
             result,
-            Err(ProposalError::Refused(ProposeError::NoLeader) | ProposalError::Timeout(_))
+            Err(ProposalError::Refused(ProposalRefused::NoLeader) | ProposalError::Timeout(_))
         ),
         "{result:?}"
     );

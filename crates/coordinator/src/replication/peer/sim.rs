@@ -16,6 +16,7 @@ use raft::StateRole;
 use raft::prelude::{Message, MessageType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_topology::PeerId;
 
 use super::{Peer, ProposalId};
 use crate::replication::linearizable::{self, Model, Operation, Verdict};
@@ -120,9 +121,11 @@ impl Sim {
 
     fn start(&mut self, id: u64) {
         self.incarnation += 1;
+        // The simulated network routes by raft-rs's own ids; the peer takes PeerIds.
+        let voters: Vec<PeerId> = self.ids.iter().copied().map(PeerId).collect();
         let peer = Peer::start(
-            id,
-            &self.ids,
+            PeerId(id),
+            &voters,
             self.stores[&id].clone(),
             self.incarnation,
             &log::discard(),
@@ -188,9 +191,9 @@ impl Sim {
     /// What a transport tells the sender of a message that did not arrive.
     fn undelivered(&mut self, from: u64, message: &Message) {
         if let Some(Some(sender)) = self.peers.get_mut(&from) {
-            sender.report_unreachable(message.to);
+            sender.report_unreachable(PeerId(message.to));
             if message.get_msg_type() == MessageType::MsgSnapshot {
-                sender.report_snapshot(message.to, false);
+                sender.report_snapshot(PeerId(message.to), false);
             }
         }
     }
@@ -202,7 +205,7 @@ impl Sim {
             .map(Peer::role)
             .filter(|r| r.state == StateRole::Leader)
             .max_by_key(|r| r.term)
-            .map(|r| (r.id, r.term))
+            .map(|r| (r.id.0, r.term))
     }
 
     fn random_command(&mut self) -> Command {
@@ -220,7 +223,7 @@ impl Sim {
                 epoch: self.rng.random_range(0..6),
             },
             _ => Command::Member {
-                id: self.rng.random_range(1..4),
+                id: PeerId(self.rng.random_range(1..4)),
                 http: format!("h:{}", self.rng.random_range(0..3)),
                 quic: "q".into(),
                 pid: 7,
@@ -250,7 +253,7 @@ impl Sim {
                     self.advance(to, faults);
                 }
                 if snapshot && let Some(Some(sender)) = self.peers.get_mut(&m.from) {
-                    sender.report_snapshot(to, true);
+                    sender.report_snapshot(PeerId(to), true);
                 }
             }
             if self.now.is_multiple_of(TICK_MS) {

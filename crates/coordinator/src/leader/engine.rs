@@ -1,0 +1,174 @@
+//! The leader as the API's [`Engine`]: each request is journaled (`Accept`) before it
+//! starts on the groups, then pumped through its tail and journal ([`super::journal`]);
+//! a journaled request is resumed from its tail; peer changes are checked against the
+//! configuration and committed through Raft. [`crate::api`] drives it, on any peer:
+//! a follower's calls wait for a leader or are refused naming it.
+
+use tessera_comm::proto::WireError;
+use tessera_topology::PeerId;
+use tokio::sync::{mpsc, watch};
+use tracing::info;
+
+use super::journal::{self, Ending, Tail};
+use super::{JOURNAL_TIMEOUT, Leadership, MEMBERSHIP_TIMEOUT, now_ms};
+use crate::engine::{
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, Resumed,
+    TokenStream,
+};
+use crate::error::CoordinatorError;
+use crate::replication::peer::MembershipChange;
+use crate::replication::state::{Command, Outcome};
+
+impl Engine for Leadership {
+    fn generate(
+        &self,
+        id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
+        Box::pin(async move {
+            let Some(cluster) = self.cluster_soon().await else {
+                return Err(self.not_leader());
+            };
+            cluster.admission(&request.model)?;
+            let accept = Command::Accept {
+                id: id.clone(),
+                request: request.clone(),
+                at_ms: now_ms(),
+            };
+            match self.node.propose(accept, JOURNAL_TIMEOUT).await {
+                Ok(applied) if applied.outcome == Outcome::Applied => {}
+                Ok(applied) => {
+                    let outcome = applied.outcome;
+                    return Err(CoordinatorError::AlreadyJournaled { id, outcome }.into());
+                }
+                Err(source) => return Err(CoordinatorError::NotJournaled { source }.into()),
+            }
+            let Some(tail) = self.tails.open(&id, Vec::new()) else {
+                return Err(CoordinatorError::AlreadyRunning { id }.into());
+            };
+            let (journal, events) = mpsc::unbounded_channel();
+            tokio::spawn(journal::write(
+                self.node.clone(),
+                id.clone(),
+                Vec::new(),
+                events,
+                self.tails.clone(),
+            ));
+            match cluster.generate(id, request).await {
+                Ok(inner) => {
+                    let (client, stream) = mpsc::unbounded_channel();
+                    tokio::spawn(journal::pump(inner, tail, journal, Some(client)));
+                    Ok(stream)
+                }
+                Err(error) => {
+                    // Refused by the group: it never started, so it ends here.
+                    let _ = journal.send(journal::JournalEvent::End(Ending::Cancelled));
+                    Err(error)
+                }
+            }
+        })
+    }
+
+    fn admission(&self, model: &str) -> Result<(), WireError> {
+        // Without the groups here, `generate` waits for an election or names the leader.
+        self.cluster().map_or(Ok(()), |c| c.admission(model))
+    }
+
+    fn ready(&self, model: &str) -> bool {
+        self.cluster().is_some_and(|c| c.ready(model))
+    }
+
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
+        Box::pin(async move {
+            let Some(cluster) = self.cluster_soon().await else {
+                return Err(self.not_leader());
+            };
+            let key = id.clone();
+            let entry = self.node.read(move |s| s.journal.get(&key).cloned()).await;
+            let Some(entry) = entry.flatten() else {
+                return Ok(None);
+            };
+            let tail = match (self.tails.get(&id), entry.finished) {
+                (Some(tail), _) => tail,
+                (None, Some((reason, _))) => {
+                    let end = reason.map_or(Ending::Cancelled, Ending::Finished);
+                    watch::channel(Tail {
+                        tokens: entry.sent.clone(),
+                        end: Some(end),
+                    })
+                    .1
+                }
+                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
+            };
+            Ok(Some(Resumed {
+                request: entry.request,
+                accepted_ms: entry.accepted_ms,
+                tokens: journal::follow(tail),
+            }))
+        })
+    }
+
+    fn change_peers(&self, change: PeerChange) -> BoxFuture<'_, Result<(), WireError>> {
+        Box::pin(async move {
+            if self.cluster_soon().await.is_none() {
+                return Err(self.not_leader());
+            }
+            let membership = membership_change(change, &self.node.voters())?;
+            info!(change = ?membership, "membership change");
+            self.node
+                .change_membership(membership, MEMBERSHIP_TIMEOUT)
+                .await
+                .map(|_| ())
+                .map_err(|source| CoordinatorError::MembershipNotCommitted { source }.into())
+        })
+    }
+
+    fn status(&self) -> ClusterStatus {
+        let groups = self
+            .cluster()
+            .map(|c| c.status().groups)
+            .unwrap_or_default();
+        let models = self
+            .node
+            .summary()
+            .borrow()
+            .models
+            .iter()
+            .map(|(name, m)| ModelStatus {
+                name: name.clone(),
+                path: m.path.clone(),
+                groups: m.groups.clone(),
+            })
+            .collect();
+        ClusterStatus {
+            peers: self.peers(),
+            models,
+            groups,
+        }
+    }
+}
+
+/// The Raft membership change that makes `change`, checked against the current `voters`.
+fn membership_change(
+    change: PeerChange,
+    voters: &[PeerId],
+) -> Result<MembershipChange, CoordinatorError> {
+    match change {
+        PeerChange::Add { id, http, quic } => {
+            if voters.contains(&id) {
+                return Err(CoordinatorError::AlreadyMember { id });
+            }
+            Ok(MembershipChange::Join { id, http, quic })
+        }
+        PeerChange::Remove { id } => {
+            if !voters.contains(&id) {
+                let members = voters.to_vec();
+                return Err(CoordinatorError::NotMember { id, members });
+            }
+            if voters.len() == 1 {
+                return Err(CoordinatorError::LastPeer);
+            }
+            Ok(MembershipChange::Leave { id })
+        }
+    }
+}
