@@ -25,8 +25,25 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== the coordinator links no GPU crate"
+# The coordinator never runs a kernel: with the cargo features as they are, cudarc is not
+# in its dependency graph at all (cargo tree then says the spec matched no package).
+if tree="$(cargo tree --locked -p tessera-coordinator -i cudarc 2>&1)"; then
+    echo "error: tessera-coordinator depends on cudarc:" >&2
+    echo "$tree" >&2
+    exit 1
+elif ! grep -q "did not match any packages" <<<"$tree"; then
+    echo "error: cargo tree failed: $tree" >&2
+    exit 1
+fi
+echo "== cargo clippy: the shard without its cuda feature"
+cargo clippy -p tessera-shard --no-default-features --all-targets --locked -- -D warnings
+echo "== cargo test: the coordinator, and the shard without cuda (no GPU crate compiled)"
+# These build target/debug/tessera-coordinator without any GPU crate; the end-to-end tests
+# below start that binary.
+cargo test --locked --no-default-features -p tessera-coordinator -p tessera-shard
 echo "== cargo test"
-cargo test --workspace --locked
+cargo test --workspace --exclude tessera-coordinator --locked
 echo "== the Raft core's failpoints (feature failpoints)"
 cargo test --locked -p tessera-coordinator --features failpoints --lib failpoint
 if [[ -n "${TESSERA_FUZZ_SECONDS:-}" ]]; then
