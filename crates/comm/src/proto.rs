@@ -21,22 +21,70 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tessera_topology::Rank;
+use tessera_topology::{PeerId, Rank};
 
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
 pub const PROTOCOL_VERSION: u32 = 5;
 
-/// A sequence: one generation stream of a request. A coordinator leader numbers them
-/// from its Raft term up (`term << 40`), so sequences carried over from an earlier
-/// leader's epoch never share an id with new ones.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct SeqId(pub u64);
+/// A `u64` that names one kind of thing, so that ids of different kinds cannot be mixed
+/// up. Transparent on the wire: bincode encodes it as the `u64` it wraps.
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(
+            Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize,
+            Deserialize,
+        )]
+        #[serde(transparent)]
+        pub struct $name(pub u64);
 
-impl fmt::Display for SeqId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A sequence: one generation stream of a request. A coordinator leader numbers them
+    /// from its Raft term up (`term << 40`), so sequences carried over from an earlier
+    /// leader's epoch never share an id with new ones.
+    SeqId
+);
+
+id_type!(
+    /// A Raft term of the coordinator peers. The leader of a term drives the shards, and
+    /// every assignment and plan carries it: a shard ignores an older term's (a deposed
+    /// leader's) assignments and plans.
+    Term
+);
+
+id_type!(
+    /// One assignment of a group: a leader starts a new epoch whenever it (re)assigns the
+    /// group (a start, a failure, a rank coming back). Plans, results and failures carry
+    /// it, so that nothing of an earlier epoch is taken for the current one.
+    Epoch
+);
+
+id_type!(
+    /// A step of an epoch: consecutive from 0, so a shard notices a missed plan.
+    StepId
+);
+
+impl Epoch {
+    /// The epoch after this one.
+    pub fn next(self) -> Epoch {
+        Epoch(self.0 + 1)
+    }
+}
+
+impl StepId {
+    /// The step after this one.
+    pub fn next(self) -> StepId {
+        StepId(self.0 + 1)
     }
 }
 
@@ -46,7 +94,7 @@ pub enum ShardMsg {
     Register(Register),
     /// Weight loading progress for the current assignment, in layers.
     Loading {
-        epoch: u64,
+        epoch: Epoch,
         layers_done: u32,
         layers: u32,
         /// Bytes of this rank's slice taken so far.
@@ -56,7 +104,7 @@ pub enum ShardMsg {
     StepDone(StepDone),
     /// The shard cannot go on with this epoch (collective aborted, load failed, bad plan).
     Failed {
-        epoch: u64,
+        epoch: Epoch,
         error: WireError,
     },
     /// The first message of a standby connection to a coordinator peer that does not
@@ -66,7 +114,7 @@ pub enum ShardMsg {
     /// Rank 0 of an NCCL group: the unique id (128 bytes) of `epoch`'s communicator, for
     /// the coordinator to relay to the other ranks.
     NcclId {
-        epoch: u64,
+        epoch: Epoch,
         id: Vec<u8>,
     },
 }
@@ -103,7 +151,7 @@ pub struct HeldSeq {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ready {
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// KV blocks this rank can hold (ranks of a group report the same number when their
     /// budgets are equal; the coordinator uses the minimum).
     pub kv_blocks: u32,
@@ -118,8 +166,8 @@ pub struct Ready {
 /// What a shard reports after executing one [`StepPlan`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepDone {
-    pub epoch: u64,
-    pub step: u64,
+    pub epoch: Epoch,
+    pub step: StepId,
     /// One entry per sequence that produced a token in this step. Filled by rank 0 (the
     /// sampling rank); other ranks send it empty.
     pub tokens: Vec<SeqToken>,
@@ -197,16 +245,16 @@ pub enum CoordinatorMsg {
     /// the topology) when one is known, else try the other peers. The connection closes
     /// after this message.
     NotLeader {
-        leader: Option<u64>,
+        leader: Option<PeerId>,
     },
     /// On a standby connection: coordinator peer `peer` leads Raft term `term` now.
     Leading {
-        peer: u64,
-        term: u64,
+        peer: PeerId,
+        term: Term,
     },
     /// The unique id of `epoch`'s NCCL communicator, from rank 0 (see [`Bootstrap::Nccl`]).
     NcclId {
-        epoch: u64,
+        epoch: Epoch,
         id: Vec<u8>,
     },
 }
@@ -214,8 +262,8 @@ pub enum CoordinatorMsg {
 /// A shard's place in its group for one epoch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
-    pub term: u64,
-    pub epoch: u64,
+    pub term: Term,
+    pub epoch: Epoch,
     /// Authenticates the group's collective connections for this epoch.
     pub token: GroupToken,
     pub bootstrap: Bootstrap,
@@ -251,10 +299,10 @@ pub enum Bootstrap {
 /// through the collective, so a shard never waits for the coordinator to learn a token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepPlan {
-    pub term: u64,
-    pub epoch: u64,
+    pub term: Term,
+    pub epoch: Epoch,
     /// Consecutive within an epoch, from 0.
-    pub step: u64,
+    pub step: StepId,
     pub free: Vec<SeqId>,
     pub new: Vec<NewSeq>,
     pub prefill: Vec<PrefillChunk>,

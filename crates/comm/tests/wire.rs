@@ -7,9 +7,9 @@ use rand::{Rng as _, SeedableRng as _};
 use tessera_comm::CommError;
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, ErrorClass, FinishReason, HeldSeq, NewSeq,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, ErrorClass, FinishReason, HeldSeq, NewSeq,
     PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone,
-    StepPlan, StepTimings, TokenLogprobs, WireError,
+    StepId, StepPlan, StepTimings, Term, TokenLogprobs, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -34,21 +34,21 @@ fn shard_msgs() -> Vec<ShardMsg> {
             }],
         }),
         ShardMsg::Loading {
-            epoch: 2,
+            epoch: Epoch(2),
             layers_done: 12,
             layers: 80,
             weight_bytes: 3 << 30,
         },
         ShardMsg::Ready(Ready {
-            epoch: 2,
+            epoch: Epoch(2),
             kv_blocks: 4096,
             block_size: 16,
             weight_bytes: 17 << 30,
             kept: vec![SeqId(5 << 40 | 9)],
         }),
         ShardMsg::StepDone(StepDone {
-            epoch: 2,
-            step: u64::MAX,
+            epoch: Epoch(2),
+            step: StepId(u64::MAX),
             tokens: vec![
                 SeqToken {
                     seq: SeqId(1),
@@ -81,7 +81,7 @@ fn shard_msgs() -> Vec<ShardMsg> {
             },
         }),
         ShardMsg::Failed {
-            epoch: 3,
+            epoch: Epoch(3),
             error: WireError {
                 class: ErrorClass::DeadlineExceeded,
                 message: "rank 2 did not arrive".into(),
@@ -89,7 +89,7 @@ fn shard_msgs() -> Vec<ShardMsg> {
             },
         },
         ShardMsg::NcclId {
-            epoch: 3,
+            epoch: Epoch(3),
             id: (0..128).collect(),
         },
     ]
@@ -97,9 +97,9 @@ fn shard_msgs() -> Vec<ShardMsg> {
 
 fn step_plan() -> StepPlan {
     StepPlan {
-        term: 5,
-        epoch: 2,
-        step: 99,
+        term: Term(5),
+        epoch: Epoch(2),
+        step: StepId(99),
         free: vec![SeqId(3), SeqId(4)],
         new: vec![NewSeq {
             seq: SeqId(10),
@@ -131,8 +131,8 @@ fn step_plan() -> StepPlan {
 fn coordinator_msgs() -> Vec<CoordinatorMsg> {
     let assignment = |bootstrap| {
         CoordinatorMsg::Assign(Assignment {
-            term: 5,
-            epoch: 2,
+            term: Term(5),
+            epoch: Epoch(2),
             token: GroupToken([7; 32]),
             bootstrap,
             collective_deadline_ms: 2000,
@@ -149,14 +149,14 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
         }),
         assignment(Bootstrap::Nccl),
         CoordinatorMsg::NcclId {
-            epoch: 2,
+            epoch: Epoch(2),
             id: vec![9; 128],
         },
         CoordinatorMsg::Step(step_plan()),
         CoordinatorMsg::Step(StepPlan {
-            term: 0,
-            epoch: 0,
-            step: 0,
+            term: Term(0),
+            epoch: Epoch(0),
+            step: StepId(0),
             free: Vec::new(),
             new: Vec::new(),
             prefill: Vec::new(),

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessera_comm::proto::{Sampling, SeqId, SeqToken};
+use tessera_comm::proto::{Epoch, Sampling, SeqId, SeqToken, Term};
 use tessera_coordinator::engine::GenerateRequest;
 use tessera_coordinator::group::scheduler::{Scheduler, SchedulerConfig};
 
@@ -30,9 +30,9 @@ fn plan_step(c: &mut Criterion) {
         max_waiting: 2000,
         ..SchedulerConfig::default()
     };
-    let mut s = Scheduler::new(1, config);
+    let mut s = Scheduler::new(Term(1), config);
     // Enough blocks for every running sequence to grow for the whole benchmark.
-    s.start_epoch(1, 4_000_000, 16, Vec::new(), now);
+    s.start_epoch(Epoch(1), 4_000_000, 16, Vec::new(), now);
     for i in 0..1256 {
         s.submit(SeqId(i), "", request(i), Vec::new(), now)
             .expect("queued");

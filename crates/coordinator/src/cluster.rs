@@ -6,7 +6,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::WireError;
+use tessera_comm::proto::{Epoch, Term, WireError};
 use tessera_topology::{Collective, Topology};
 
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
@@ -25,7 +25,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts one driver per group of `topology`. Must run inside a tokio runtime.
-    pub fn start(topology: &Topology, term: u64, limits: Limits) -> Cluster {
+    pub fn start(topology: &Topology, term: Term, limits: Limits) -> Cluster {
         Cluster::start_recorded(topology, term, limits, &BTreeMap::new(), None)
     }
 
@@ -33,14 +33,14 @@ impl Cluster {
     /// with its ready shards, in `journal`.
     pub fn start_recorded(
         topology: &Topology,
-        term: u64,
+        term: Term,
         limits: Limits,
         epochs: &BTreeMap<String, u64>,
         journal: Option<EpochJournal>,
     ) -> Cluster {
         // Numbered from the term up, so that sequences shards carry over from an
         // earlier leader's epoch keep ids no new sequence takes.
-        let seq_ids = Arc::new(AtomicU64::new((term << 40) + 1));
+        let seq_ids = Arc::new(AtomicU64::new((term.0 << 40) + 1));
         let groups = topology
             .groups
             .iter()
@@ -74,7 +74,7 @@ impl Cluster {
                     term,
                     limits,
                     scheduler: SchedulerConfig::default(),
-                    first_epoch: epochs.get(&g.name).copied().unwrap_or(0),
+                    first_epoch: Epoch(epochs.get(&g.name).copied().unwrap_or(0)),
                     journal: journal.clone(),
                 };
                 (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))

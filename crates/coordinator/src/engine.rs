@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
-use tessera_comm::proto::{FinishReason, Sampling, WireError};
+use tessera_comm::proto::{Epoch, FinishReason, Sampling, Term, WireError};
 use tessera_topology::PeerId;
 use tokio::sync::mpsc;
 
@@ -175,7 +175,7 @@ pub struct PeerStatus {
     /// `leader`, `follower`, or `unknown` while no leader is known.
     pub role: &'static str,
     /// The Raft term as this peer knows it.
-    pub term: u64,
+    pub term: Term,
     /// Its process id, once it has announced itself.
     pub pid: Option<u32>,
     /// True for the peer that answered.
@@ -190,7 +190,7 @@ pub struct GroupStatus {
     pub tp: usize,
     /// `down` (a rank is missing), `assigning` (loading / joining), `serving`.
     pub state: &'static str,
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Sequences with KV on the shards / waiting in the queue.
     pub running: usize,
     pub waiting: usize,

@@ -17,7 +17,7 @@ mod journal;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_comm::proto::{FinishReason, WireError};
+use tessera_comm::proto::{FinishReason, Term, WireError};
 use tessera_topology::{PeerId, Topology};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -54,7 +54,7 @@ pub struct Leadership {
 
 #[derive(Clone, Debug)]
 struct Leading {
-    term: u64,
+    term: Term,
     cluster: Cluster,
 }
 
@@ -117,7 +117,7 @@ impl Leadership {
         match (term, role.is_leader()) {
             (Some(t), true) if t == role.term => {}
             (_, true) => {
-                info!(term = role.term, "leading: driving the groups");
+                info!(term = %role.term, "leading: driving the groups");
                 let epochs = self
                     .node
                     .summary()
@@ -151,7 +151,7 @@ impl Leadership {
             }
             (Some(_), false) => {
                 info!(
-                    term = role.term,
+                    term = %role.term,
                     leader = role.leader.map(|l| l.0),
                     "no longer leading: shards released"
                 );

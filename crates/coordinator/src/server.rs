@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use tessera_comm::certs::Identity;
-use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg};
+use tessera_comm::proto::{CoordinatorMsg, PROTOCOL_VERSION, Register, ShardMsg, Term};
 use tessera_comm::{quic, wire};
 use tessera_topology::Topology;
 use tracing::{info, warn};
@@ -87,7 +87,7 @@ async fn handle(
         return hold_standby(&connection, send, recv, leadership).await;
     }
     let Some(cluster) = leadership.cluster_soon().await else {
-        let leader = leadership.role().leader.map(|l| l.0);
+        let leader = leadership.role().leader;
         let _ = wire::write_frame(&mut send, &CoordinatorMsg::NotLeader { leader }).await;
         let _ = send.finish();
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
@@ -121,12 +121,12 @@ async fn hold_standby(
     leadership: &Leadership,
 ) -> Result<(), String> {
     let mut role = leadership.node().role();
-    let mut told = 0;
+    let mut told = Term(0);
     loop {
         let now = *role.borrow_and_update();
         if now.is_leader() && now.term != told {
             let leading = CoordinatorMsg::Leading {
-                peer: leadership.id().0,
+                peer: leadership.id(),
                 term: now.term,
             };
             if wire::write_frame(&mut send, &leading).await.is_err() {

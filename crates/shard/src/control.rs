@@ -95,7 +95,7 @@ pub async fn run(
                 Ok(Ended::Shutdown) => return Ok(()),
                 Ok(Ended::Lost) => warn!(peer = %peer, "coordinator connection lost"),
                 Ok(Ended::NotLeader(hint)) => {
-                    info!(peer = %peer, leader = ?hint.map(|p| p.0), "not the leader");
+                    info!(peer = %peer, leader = ?hint, "not the leader");
                     if hint.is_some_and(|h| h != *peer) {
                         leader = hint;
                         redirected = true;
@@ -162,8 +162,8 @@ impl Standby {
         loop {
             match wire::read_frame::<_, CoordinatorMsg>(&mut recv, STANDBY_FRAME_BYTES).await? {
                 Some(CoordinatorMsg::Leading { peer, term }) => {
-                    debug!(peer, term, "a coordinator peer leads");
-                    let _ = self.leaders.send(PeerId(peer));
+                    debug!(%peer, %term, "a coordinator peer leads");
+                    let _ = self.leaders.send(peer);
                 }
                 Some(CoordinatorMsg::Refused { error }) => {
                     return Err(ShardError::Refused {
@@ -257,7 +257,7 @@ async fn serve(
                 };
                 let command = match msg {
                     CoordinatorMsg::Assign(a) => {
-                        info!(epoch = a.epoch, term = a.term, "assigned");
+                        info!(epoch = %a.epoch, term = %a.term, "assigned");
                         Command::Assign(a)
                     }
                     CoordinatorMsg::Step(plan) => Command::Step(plan),
@@ -272,7 +272,7 @@ async fn serve(
                         return Err(ShardError::Refused { message: error.message });
                     }
                     CoordinatorMsg::NotLeader { leader } => {
-                        return Ok(Ended::NotLeader(leader.map(PeerId)));
+                        return Ok(Ended::NotLeader(leader));
                     }
                 };
                 commands.send(command).map_err(|_| ShardError::ComputeStopped)?;

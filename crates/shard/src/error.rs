@@ -1,6 +1,6 @@
 //! Errors of the shard process, each with the class the coordinator sees.
 
-use tessera_comm::proto::{ErrorClass, WireError};
+use tessera_comm::proto::{ErrorClass, StepId, WireError};
 use tessera_comm::{CollectiveError, CommError};
 use tessera_model::ModelError;
 use tessera_topology::Rank;
@@ -18,7 +18,7 @@ pub enum ShardError {
         source: ModelError,
     },
     #[error("step {step}: {message}")]
-    BadPlan { step: u64, message: String },
+    BadPlan { step: StepId, message: String },
     #[error("no assignment yet: a step plan arrived before `Assign`")]
     NotAssigned,
     /// The control connection's framing, TLS or QUIC endpoint.

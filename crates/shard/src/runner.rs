@@ -14,7 +14,8 @@ use std::collections::HashMap;
 
 use tessera_comm::Collective;
 use tessera_comm::proto::{
-    FinishReason, HeldSeq, NewSeq, Sampling, SeqId, SeqToken, StepPlan, TokenLogprobs,
+    Epoch, FinishReason, HeldSeq, NewSeq, Sampling, SeqId, SeqToken, StepId, StepPlan,
+    TokenLogprobs,
 };
 use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
 use tessera_model::kv_cache::SeqChunk;
@@ -82,27 +83,27 @@ struct Run {
 #[derive(Debug)]
 pub struct StepRunner {
     rank: Rank,
-    epoch: u64,
-    next_step: u64,
+    epoch: Epoch,
+    next_step: StepId,
     cache: SliceCache,
     blocks: BlockAllocator,
     seqs: HashMap<SeqId, Seq>,
 }
 
 impl StepRunner {
-    pub fn new(rank: Rank, epoch: u64, cache: SliceCache) -> StepRunner {
+    pub fn new(rank: Rank, epoch: Epoch, cache: SliceCache) -> StepRunner {
         let blocks = BlockAllocator::new(cache.num_blocks(), cache.block_size());
         StepRunner {
             rank,
             epoch,
-            next_step: 0,
+            next_step: StepId(0),
             cache,
             blocks,
             seqs: HashMap::new(),
         }
     }
 
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
@@ -128,7 +129,7 @@ impl StepRunner {
 
     /// This runner's cache and the sequences of `keep` (those it holds), for `epoch`;
     /// every other sequence is freed. Returns the sequences carried.
-    pub fn carry(mut self, epoch: u64, keep: &[SeqId]) -> (StepRunner, Vec<SeqId>) {
+    pub fn carry(mut self, epoch: Epoch, keep: &[SeqId]) -> (StepRunner, Vec<SeqId>) {
         let keep: std::collections::HashSet<SeqId> = keep.iter().copied().collect();
         let dropped: Vec<SeqId> = self
             .seqs
@@ -144,7 +145,7 @@ impl StepRunner {
         let mut kept: Vec<SeqId> = self.seqs.keys().copied().collect();
         kept.sort();
         self.epoch = epoch;
-        self.next_step = 0;
+        self.next_step = StepId(0);
         (self, kept)
     }
 
@@ -180,7 +181,7 @@ impl StepRunner {
                 self.next_step, self.epoch
             )));
         }
-        self.next_step += 1;
+        self.next_step = self.next_step.next();
         for id in &plan.free {
             if let Some(seq) = self.seqs.remove(id) {
                 self.blocks.release(&seq.table);

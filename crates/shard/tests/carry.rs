@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use tessera_comm::collective::Solo;
-use tessera_comm::proto::{NewSeq, PrefillChunk, Sampling, SeqId, StepPlan};
+use tessera_comm::proto::{Epoch, NewSeq, PrefillChunk, Sampling, SeqId, StepId, StepPlan, Term};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
 use tessera_model::loader;
 use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
@@ -23,7 +23,7 @@ fn runner(model: &ModelSlice) -> StepRunner {
     };
     let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
     let cache = KvCache::new(layout, llama.config().num_hidden_layers, 64);
-    StepRunner::new(Rank(0), 1, SliceCache::Cpu(cache))
+    StepRunner::new(Rank(0), Epoch(1), SliceCache::Cpu(cache))
 }
 
 fn new_seq(seq: u64, request: &str) -> NewSeq {
@@ -54,9 +54,9 @@ fn plan(epoch: u64, step: u64, new: Vec<NewSeq>, decode: &[u64]) -> StepPlan {
         })
         .collect();
     StepPlan {
-        term: epoch,
-        epoch,
-        step,
+        term: Term(epoch),
+        epoch: Epoch(epoch),
+        step: StepId(step),
         free: Vec::new(),
         new,
         prefill,
@@ -116,7 +116,7 @@ fn a_carried_sequence_continues_with_the_same_tokens() {
     assert_eq!(h.computed, 18 + 5 - 1);
 
     let free_before = first.free_blocks();
-    let (mut second, kept) = first.carry(2, &[SeqId(1)]);
+    let (mut second, kept) = first.carry(Epoch(2), &[SeqId(1)]);
     assert_eq!(kept, [SeqId(1)]);
     assert!(
         second.free_blocks() > free_before,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, NewSeq, PrefillChunk, Sampling, SeqId, ShardMsg,
-    StepPlan,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, NewSeq, PrefillChunk, Sampling, SeqId, ShardMsg,
+    StepId, StepPlan, Term,
 };
 use tessera_comm::{GroupToken, quic, wire};
 use tessera_tests::{Cluster, GroupSpec, fixture, local_peer_addrs, peers_topology_text};
@@ -62,7 +62,7 @@ fn fake_peer(addr: SocketAddr, creds: &Credentials) -> FakePeer {
                         let leader = *refuse_to.lock().unwrap();
                         if let Some(leader) = leader {
                             let msg = CoordinatorMsg::NotLeader {
-                                leader: Some(leader),
+                                leader: Some(PeerId(leader)),
                             };
                             let _ = wire::write_frame(&mut send, &msg).await;
                             let _ = send.finish();
@@ -85,8 +85,8 @@ fn fake_peer(addr: SocketAddr, creds: &Credentials) -> FakePeer {
 
 fn assign(term: u64, epoch: u64) -> CoordinatorMsg {
     CoordinatorMsg::Assign(Assignment {
-        term,
-        epoch,
+        term: Term(term),
+        epoch: Epoch(epoch),
         token: GroupToken::random(),
         bootstrap: Bootstrap::Solo,
         collective_deadline_ms: 2000,
@@ -96,9 +96,9 @@ fn assign(term: u64, epoch: u64) -> CoordinatorMsg {
 
 fn step(term: u64, epoch: u64, seq: u64) -> CoordinatorMsg {
     CoordinatorMsg::Step(StepPlan {
-        term,
-        epoch,
-        step: 0,
+        term: Term(term),
+        epoch: Epoch(epoch),
+        step: StepId(0),
         free: Vec::new(),
         new: vec![NewSeq {
             seq: SeqId(seq),
@@ -166,7 +166,9 @@ fn a_deposed_leader_cannot_drive_the_shard() {
         // Peer 1 leads term 5: the shard loads, joins and runs a step.
         let mut link1 = registered(&mut peer1, "peer 1").await;
         send(&mut link1, &assign(5, 1)).await;
-        assert!(matches!(next(&mut link1, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == 1));
+        assert!(
+            matches!(next(&mut link1, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == Epoch(1))
+        );
         send(&mut link1, &step(5, 1, 1)).await;
         match next(&mut link1, wait).await {
             Some(ShardMsg::StepDone(done)) => assert_eq!(done.tokens.len(), 1),
@@ -183,7 +185,10 @@ fn a_deposed_leader_cannot_drive_the_shard() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let mut standby = standby.expect("a standby connection to peer 2");
-        let leading = CoordinatorMsg::Leading { peer: 2, term: 6 };
+        let leading = CoordinatorMsg::Leading {
+            peer: PeerId(2),
+            term: Term(6),
+        };
         wire::write_frame(&mut standby, &leading)
             .await
             .expect("announce");
@@ -194,7 +199,9 @@ fn a_deposed_leader_cannot_drive_the_shard() {
             "peer 1's link closes"
         );
         send(&mut link2, &assign(6, 2)).await;
-        assert!(matches!(next(&mut link2, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == 2));
+        assert!(
+            matches!(next(&mut link2, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == Epoch(2))
+        );
 
         // Peer 2 goes away (and names peer 1 to a shard that asks it again): the shard
         // comes back to peer 1, deposed but unaware — its term-5 orders are ignored.
@@ -208,7 +215,9 @@ fn a_deposed_leader_cannot_drive_the_shard() {
 
         // The same connection carries an assignment of a newer term: taken at once.
         send(&mut link3, &assign(7, 4)).await;
-        assert!(matches!(next(&mut link3, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == 4));
+        assert!(
+            matches!(next(&mut link3, wait).await, Some(ShardMsg::Ready(r)) if r.epoch == Epoch(4))
+        );
         cluster.logs()
     });
     assert!(

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tessera_comm::certs::{Credentials, Identity};
-use tessera_comm::proto::{Bootstrap, CoordinatorMsg, PROTOCOL_VERSION, Ready, Register, ShardMsg};
+use tessera_comm::proto::{
+    Bootstrap, CoordinatorMsg, Epoch, PROTOCOL_VERSION, Ready, Register, ShardMsg,
+};
 use tessera_comm::{quic, wire};
 use tessera_tests::{Cluster, GroupSpec, fixture, get};
 use tessera_topology::Rank;
@@ -76,7 +78,7 @@ async fn next(link: &mut Link) -> CoordinatorMsg {
 }
 
 /// The next assignment's epoch, checking that it asks for NCCL.
-async fn nccl_assignment(link: &mut Link) -> u64 {
+async fn nccl_assignment(link: &mut Link) -> Epoch {
     match next(link).await {
         CoordinatorMsg::Assign(a) => {
             assert_eq!(a.bootstrap, Bootstrap::Nccl, "cuda shards get NCCL");

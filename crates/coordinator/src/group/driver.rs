@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{CoordinatorMsg, HeldSeq, SeqId, ShardMsg};
+use tessera_comm::proto::{CoordinatorMsg, Epoch, HeldSeq, SeqId, ShardMsg, StepId, Term};
 use tessera_comm::wire;
 use tessera_topology::Rank;
 use tokio::sync::mpsc;
@@ -49,12 +49,12 @@ pub struct GroupConfig {
     pub collective: GroupCollective,
     /// The topology's host of each rank.
     pub hosts: Vec<String>,
-    pub term: u64,
+    pub term: Term,
     pub limits: Limits,
     pub scheduler: SchedulerConfig,
     /// Epochs handed out start after this one (the replicated state's, so that epochs
     /// keep growing across coordinator leaders).
-    pub first_epoch: u64,
+    pub first_epoch: Epoch,
     /// Where new epochs and ready shards are recorded (the replicated state).
     pub journal: Option<EpochJournal>,
 }
@@ -137,14 +137,14 @@ struct Link {
 enum State {
     Down,
     Assigning {
-        epoch: u64,
+        epoch: Epoch,
         since: Instant,
         ready: Vec<Option<(u32, u32)>>,
         /// The sequences every rank is to carry into the epoch.
         keep: Vec<HeldSeq>,
     },
     Serving {
-        epoch: u64,
+        epoch: Epoch,
     },
 }
 
@@ -186,7 +186,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         next_conn: 0,
         waiting: HashMap::new(),
         held: vec![Vec::new(); config.tp],
-        last_done: vec![0; config.tp],
+        last_done: vec![StepId(0); config.tp],
         totals: vec![Totals::default(); config.tp],
         config,
         seq_ids,
@@ -208,14 +208,14 @@ struct Driver {
     sched: Scheduler,
     state: State,
     /// The last epoch handed out.
-    epoch: u64,
+    epoch: Epoch,
     next_conn: u64,
     waiting: HashMap<SeqId, TokenSender>,
     /// Per rank: the sequences it reported held when it registered (until the next
     /// assignment or a fence).
     held: Vec<Vec<HeldSeq>>,
     /// Per rank: the highest step it reported done in this epoch (plus one).
-    last_done: Vec<u64>,
+    last_done: Vec<StepId>,
     totals: Vec<Totals>,
     seq_ids: Arc<AtomicU64>,
     shared: Arc<Shared>,
@@ -294,7 +294,7 @@ impl Driver {
                 layers,
                 weight_bytes,
             } => {
-                info!(group = %self.config.name, rank = %event.rank, epoch, layers_done, layers, weight_bytes, "loading");
+                info!(group = %self.config.name, rank = %event.rank, %epoch, layers_done, layers, weight_bytes, "loading");
                 self.shard_state(event.rank, "loading");
             }
             ShardMsg::Ready(ready) => self.on_ready(event.rank, ready),

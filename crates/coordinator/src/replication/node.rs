@@ -298,7 +298,7 @@ impl<T: Transport> Driver<T> {
             if role.leader != before.leader || role.term != before.term {
                 info!(
                     peer = role.id.0,
-                    term = role.term,
+                    term = %role.term,
                     leader = role.leader.map(|l| l.0),
                     role = ?role.state,
                     "raft leadership"

@@ -15,6 +15,7 @@ use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, Message, Snapshot};
 use raft::{Config, RawNode, StateRole, Storage};
 use serde::{Deserialize, Serialize};
+use tessera_comm::proto::Term;
 use tessera_comm::wire;
 use tessera_topology::PeerId;
 
@@ -130,7 +131,7 @@ pub struct Advanced {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Role {
     pub id: PeerId,
-    pub term: u64,
+    pub term: Term,
     /// `None` while no leader is known.
     pub leader: Option<PeerId>,
     pub state: StateRole,
@@ -234,7 +235,7 @@ impl Peer {
     pub fn role(&self) -> Role {
         Role {
             id: self.id(),
-            term: self.node.raft.term,
+            term: Term(self.node.raft.term),
             // raft-rs says 0 for none: ids start at 1.
             leader: Some(self.node.raft.leader_id)
                 .filter(|&l| l != 0)

@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tessera_comm::proto::{FinishReason, WireError};
+use tessera_comm::proto::{Epoch, FinishReason, WireError};
 use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
 use tessera_coordinator::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ShardStatus, TokenEvent,
@@ -184,7 +184,7 @@ impl Engine for MockEngine {
                 model: TEXT_MODEL.into(),
                 tp: 1,
                 state: "serving",
-                epoch: 3,
+                epoch: Epoch(3),
                 running: 1,
                 waiting: 2,
                 kv_blocks: 100,

@@ -12,7 +12,7 @@ use tessera_comm::collective::connect::connect;
 use tessera_comm::collective::{CollectiveConfig, CollectiveStats};
 #[cfg(feature = "cuda")]
 use tessera_comm::nccl::NcclGroup;
-use tessera_comm::proto::{Assignment, Ready, ShardMsg};
+use tessera_comm::proto::{Assignment, Ready, ShardMsg, Term};
 use tessera_model::llama::LoadProgress;
 use tessera_model::loader;
 use tessera_model::slice::{ModelSlice, SliceComm};
@@ -28,7 +28,7 @@ const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// The epoch this rank is serving, under the coordinator term that assigned it.
 pub(crate) struct Active {
-    pub(crate) term: u64,
+    pub(crate) term: Term,
     pub(crate) comm: GroupComm,
     pub(crate) runner: StepRunner,
 }
@@ -159,7 +159,7 @@ pub(super) fn finish(
         }
     };
     let blocks = runner.num_blocks();
-    info!(epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
+    info!(%epoch, rank = %config.rank, kv_blocks = blocks, carried = kept.len(), "joined the group");
     let ready = Ready {
         epoch,
         kv_blocks: u32::try_from(blocks).unwrap_or(u32::MAX),

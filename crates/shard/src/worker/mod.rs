@@ -24,7 +24,7 @@ mod nccl;
 #[cfg(feature = "cuda")]
 use tessera_comm::nccl::{NcclError, NcclGroup};
 use tessera_comm::proto::{
-    Assignment, Bootstrap, HeldSeq, Ready, ShardMsg, StepDone, StepPlan, StepTimings,
+    Assignment, Bootstrap, Epoch, HeldSeq, Ready, ShardMsg, StepDone, StepPlan, StepTimings, Term,
 };
 #[cfg(feature = "cuda")]
 use tessera_kernels::cuda::CudaDevice;
@@ -50,13 +50,13 @@ pub enum Command {
     Held(oneshot::Sender<Vec<HeldSeq>>),
     /// The unique id of an NCCL group's epoch, relayed from rank 0.
     NcclId {
-        epoch: u64,
+        epoch: Epoch,
         id: Vec<u8>,
     },
     /// An NCCL join (run on a thread of its own) ended.
     #[cfg(feature = "cuda")]
     Joined {
-        epoch: u64,
+        epoch: Epoch,
         group: Result<NcclGroup, NcclError>,
     },
 }
@@ -81,12 +81,12 @@ pub struct WorkerConfig {
 /// leader can no longer drive this shard.
 #[derive(Debug, Default)]
 struct TermFence {
-    newest: u64,
+    newest: Term,
 }
 
 impl TermFence {
     /// Whether an assignment of `term` may be taken; taking it raises the fence.
-    fn admit(&mut self, term: u64) -> bool {
+    fn admit(&mut self, term: Term) -> bool {
         if term < self.newest {
             return false;
         }
@@ -165,8 +165,8 @@ impl Worker {
     fn assign(&mut self, assignment: Assignment) {
         if !self.fence.admit(assignment.term) {
             warn!(
-                term = assignment.term,
-                newest = self.fence.newest,
+                term = %assignment.term,
+                newest = %self.fence.newest,
                 "assignment from a deposed coordinator leader ignored"
             );
             return;
@@ -222,12 +222,12 @@ impl Worker {
     }
 
     #[cfg(feature = "cuda")]
-    fn nccl_id(&mut self, epoch: u64, id: Vec<u8>) {
+    fn nccl_id(&mut self, epoch: Epoch, id: Vec<u8>) {
         let Some(waiting) = self
             .pending
             .take_if(|p| p.assignment.epoch == epoch && p.stage == Stage::AwaitingId)
         else {
-            debug!(epoch, "an NCCL id for no assignment waiting for one");
+            debug!(%epoch, "an NCCL id for no assignment waiting for one");
             return;
         };
         let joined = waiting.join(&self.config, &id, &self.joins);
@@ -235,18 +235,18 @@ impl Worker {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn nccl_id(&mut self, epoch: u64, _id: Vec<u8>) {
-        debug!(epoch, "an NCCL id, but this shard is built without `cuda`");
+    fn nccl_id(&mut self, epoch: Epoch, _id: Vec<u8>) {
+        debug!(%epoch, "an NCCL id, but this shard is built without `cuda`");
     }
 
     #[cfg(feature = "cuda")]
-    fn joined(&mut self, epoch: u64, group: Result<NcclGroup, NcclError>) {
+    fn joined(&mut self, epoch: Epoch, group: Result<NcclGroup, NcclError>) {
         let Some(joining) = self
             .pending
             .take_if(|p| p.assignment.epoch == epoch && p.stage == Stage::Joining)
         else {
             // A join the group gave up on: dropping it aborts its communicator.
-            debug!(epoch, ok = group.is_ok(), "a stale NCCL join ended");
+            debug!(%epoch, ok = group.is_ok(), "a stale NCCL join ended");
             return;
         };
         let joined = joining.joined(&self.config, group);
@@ -258,17 +258,17 @@ impl Worker {
     fn step(&mut self, plan: StepPlan, waiting: Instant) {
         let (Some(model), Some(current)) = (self.model.as_ref(), self.active.as_mut()) else {
             debug!(
-                epoch = plan.epoch,
-                step = plan.step,
+                epoch = %plan.epoch,
+                step = %plan.step,
                 "plan without an active epoch"
             );
             return;
         };
         if plan.term != current.term || plan.epoch != current.runner.epoch() {
             debug!(
-                term = plan.term,
-                epoch = plan.epoch,
-                step = plan.step,
+                term = %plan.term,
+                epoch = %plan.epoch,
+                step = %plan.step,
                 "plan of another term or epoch"
             );
             return;
@@ -283,8 +283,8 @@ impl Worker {
         let collective_before = current.comm.stats().time;
         let span = debug_span!(
             "step",
-            epoch = plan.epoch,
-            step = plan.step,
+            epoch = %plan.epoch,
+            step = %plan.step,
             new = plan.new.len(),
             prefill = plan.prefill.len(),
             decode = plan.decode.len()
@@ -298,7 +298,7 @@ impl Worker {
         let out = match result {
             Ok(out) => out,
             Err(error) => {
-                warn!(epoch = plan.epoch, step = plan.step, %error, "step failed");
+                warn!(epoch = %plan.epoch, step = %plan.step, %error, "step failed");
                 let error = error.to_wire(self.config.rank);
                 let _ = self.events.send(ShardMsg::Failed {
                     epoch: plan.epoch,
@@ -331,7 +331,7 @@ impl Worker {
     }
 
     /// Takes the outcome of an assignment: serving, waiting for the NCCL id, or failed.
-    fn settle(&mut self, joined: Result<Joined, ShardError>, epoch: u64) {
+    fn settle(&mut self, joined: Result<Joined, ShardError>, epoch: Epoch) {
         match joined {
             Ok(Joined::Ready((next, ready))) => {
                 self.active = Some(next);
@@ -340,7 +340,7 @@ impl Worker {
             #[cfg(feature = "cuda")]
             Ok(Joined::Pending(waiting)) => self.pending = Some(waiting),
             Err(error) => {
-                warn!(epoch, %error, "assignment failed");
+                warn!(%epoch, %error, "assignment failed");
                 let error = error.to_wire(self.config.rank);
                 let _ = self.events.send(ShardMsg::Failed { epoch, error });
             }
@@ -355,17 +355,18 @@ fn micros(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::TermFence;
+    use tessera_comm::proto::Term;
 
     #[test]
     fn assignments_of_an_older_term_are_fenced_off() {
         let mut fence = TermFence::default();
-        assert!(fence.admit(3));
+        assert!(fence.admit(Term(3)));
         // The same leader re-assigning (a new epoch) is fine.
-        assert!(fence.admit(3));
+        assert!(fence.admit(Term(3)));
         // A deposed leader of term 2 is not.
-        assert!(!fence.admit(2));
-        assert!(fence.admit(5));
-        assert!(!fence.admit(4));
-        assert!(!fence.admit(3));
+        assert!(!fence.admit(Term(2)));
+        assert!(fence.admit(Term(5)));
+        assert!(!fence.admit(Term(4)));
+        assert!(!fence.admit(Term(3)));
     }
 }

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tessera_comm::GroupToken;
-use tessera_comm::proto::{Assignment, Bootstrap, CoordinatorMsg, HeldSeq, Ready, ShardMsg};
+use tessera_comm::proto::{
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, HeldSeq, Ready, ShardMsg, StepId,
+};
 use tessera_comm::wire;
 use tessera_topology::Rank;
 use tracing::{debug, info, warn};
@@ -69,7 +71,7 @@ impl Driver {
 
     /// Rank 0's NCCL unique id for the epoch being assigned, to every rank (rank 0 ignores
     /// its own). Another rank sending one, or a group not on NCCL, is fenced.
-    pub(super) async fn relay_nccl_id(&mut self, rank: Rank, epoch: u64, id: Vec<u8>) {
+    pub(super) async fn relay_nccl_id(&mut self, rank: Rank, epoch: Epoch, id: Vec<u8>) {
         if rank != Rank(0) || self.config.collective != GroupCollective::Nccl {
             self.fence(
                 rank,
@@ -80,7 +82,7 @@ impl Driver {
         if !matches!(self.state, State::Assigning { epoch: e, .. } if e == epoch) {
             return; // an id for an epoch already over
         }
-        debug!(group = %self.config.name, epoch, "relaying the NCCL id");
+        debug!(group = %self.config.name, %epoch, "relaying the NCCL id");
         if let Err(rank) = self.broadcast(&CoordinatorMsg::NcclId { epoch, id }).await {
             self.fence(rank, format!("rank {rank} could not take the NCCL id"));
         }
@@ -100,7 +102,7 @@ impl Driver {
             return;
         }
         info!(
-            group = %self.config.name, rank = %rank, epoch = ready.epoch,
+            group = %self.config.name, rank = %rank, epoch = %ready.epoch,
             kv_blocks = ready.kv_blocks, weight_bytes = ready.weight_bytes,
             kept = ready.kept.len(), "rank ready"
         );
@@ -118,7 +120,7 @@ impl Driver {
         self.record(Command::ShardUp {
             group: self.config.name.clone(),
             rank: rank.0,
-            epoch: ready.epoch,
+            epoch: ready.epoch.0,
             host: self.config.hosts.get(r).cloned().unwrap_or_default(),
             pid: self.status.shards[r].pid.unwrap_or(0),
         });
@@ -137,12 +139,12 @@ impl Driver {
         if !matches!(self.state, State::Down) || self.links.iter().any(Option::is_none) {
             return;
         }
-        self.epoch += 1;
+        self.epoch = self.epoch.next();
         let epoch = self.epoch;
-        metrics::gauge!(m::GROUP_EPOCH, "group" => self.config.name.clone()).set(epoch as f64);
+        metrics::gauge!(m::GROUP_EPOCH, "group" => self.config.name.clone()).set(epoch.0 as f64);
         self.record(Command::Fence {
             group: self.config.name.clone(),
-            epoch,
+            epoch: epoch.0,
         });
         let bootstrap = match (&self.config.collective, self.config.tp) {
             (_, 1) => Bootstrap::Solo,
@@ -164,7 +166,7 @@ impl Driver {
             collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
             keep: keep.iter().map(|h| h.seq).collect(),
         };
-        info!(group = %self.config.name, epoch, keep = keep.len(), "assigning");
+        info!(group = %self.config.name, %epoch, keep = keep.len(), "assigning");
         self.state = State::Assigning {
             epoch,
             since: Instant::now(),
@@ -193,10 +195,10 @@ impl Driver {
         let adopted = self
             .sched
             .start_epoch(epoch, kv_blocks, block_size, carried, Instant::now());
-        self.last_done = vec![0; self.config.tp];
+        self.last_done = vec![StepId(0); self.config.tp];
         self.state = State::Serving { epoch };
         self.shared.ready.store(true, Ordering::Relaxed);
-        info!(group = %self.config.name, epoch, kv_blocks, "group serving");
+        info!(group = %self.config.name, %epoch, kv_blocks, "group serving");
         for a in adopted {
             self.run_on(a);
         }
@@ -213,7 +215,7 @@ impl Driver {
         self.held = vec![Vec::new(); self.config.tp];
         let lost = self.sched.fence();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
-        warn!(group = %self.config.name, rank = %rank, epoch = self.epoch, lost = lost.len(), reason, "group fenced");
+        warn!(group = %self.config.name, rank = %rank, epoch = %self.epoch, lost = lost.len(), reason, "group fenced");
         for seq in lost {
             let error = CoordinatorError::Fenced {
                 group: self.config.name.clone(),
@@ -224,7 +226,7 @@ impl Driver {
         }
     }
 
-    pub(super) fn current_epoch(&self) -> Option<u64> {
+    pub(super) fn current_epoch(&self) -> Option<Epoch> {
         match self.state {
             State::Down => None,
             State::Assigning { epoch, .. } | State::Serving { epoch } => Some(epoch),

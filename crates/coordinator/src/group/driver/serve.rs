@@ -91,7 +91,7 @@ impl Driver {
             return;
         }
         let r = rank.0 as usize;
-        self.last_done[r] = done.step + 1;
+        self.last_done[r] = done.step.next();
         let labels = self.labels(rank);
         let seconds = |us: u64| us as f64 / 1e6;
         metrics::histogram!(m::SHARD_STEP_SECONDS, &labels).record(seconds(done.timings.step_us));

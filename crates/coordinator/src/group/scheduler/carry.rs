@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{HeldSeq, SeqId};
+use tessera_comm::proto::{HeldSeq, SeqId, StepId};
 
 use super::{QueueKey, Running, Scheduler, Waiting};
 use crate::engine::GenerateRequest;
@@ -155,7 +155,7 @@ impl Scheduler {
                 generated_at_admission: h.generated.len() as u32 - 1,
                 generated: h.generated,
                 blocks: c.blocks,
-                last_step: 0,
+                last_step: StepId(0),
             },
         );
         Adopted {

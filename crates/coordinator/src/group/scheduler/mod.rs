@@ -36,7 +36,7 @@ use carry::Carried;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{FinishReason, HeldSeq, SeqId, SeqToken};
+use tessera_comm::proto::{Epoch, FinishReason, HeldSeq, SeqId, SeqToken, StepId, Term};
 
 use crate::engine::GenerateRequest;
 
@@ -83,7 +83,7 @@ struct Waiting {
     generated: Vec<u32>,
     /// A preempted sequence may still get tokens from plans sent before its preemption;
     /// it is re-admitted only after this step's results.
-    not_before: Option<u64>,
+    not_before: Option<StepId>,
     /// A journaled request resumed by a new leader (`generated` are the journal's).
     resumed: bool,
 }
@@ -109,7 +109,7 @@ struct Running {
     /// Blocks counted for it.
     blocks: u32,
     /// The last step that names it.
-    last_step: u64,
+    last_step: StepId,
 }
 
 impl Running {
@@ -144,7 +144,7 @@ pub enum Admitted {
 /// A plan whose results have not arrived.
 #[derive(Debug)]
 struct InFlight {
-    step: u64,
+    step: StepId,
     /// When the shards could start it: sent, and the plan before it done.
     started: Instant,
     /// Tokens it computes, for its deadline.
@@ -172,9 +172,9 @@ pub enum Refused {
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
-    term: u64,
-    epoch: u64,
-    next_step: u64,
+    term: Term,
+    epoch: Epoch,
+    next_step: StepId,
     kv_blocks: u32,
     block_size: u32,
     used_blocks: u32,
@@ -195,12 +195,12 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(term: u64, config: SchedulerConfig) -> Scheduler {
+    pub fn new(term: Term, config: SchedulerConfig) -> Scheduler {
         Scheduler {
             config,
             term,
-            epoch: 0,
-            next_step: 0,
+            epoch: Epoch(0),
+            next_step: StepId(0),
             kv_blocks: 0,
             block_size: 1,
             used_blocks: 0,
@@ -223,7 +223,7 @@ impl Scheduler {
     /// Nothing may be running (see [`Scheduler::fence`]).
     pub fn start_epoch(
         &mut self,
-        epoch: u64,
+        epoch: Epoch,
         kv_blocks: u32,
         block_size: u32,
         carried: Vec<HeldSeq>,
@@ -231,7 +231,7 @@ impl Scheduler {
     ) -> Vec<Adopted> {
         debug_assert!(self.seqs.is_empty());
         self.epoch = epoch;
-        self.next_step = 0;
+        self.next_step = StepId(0);
         self.kv_blocks = kv_blocks;
         self.block_size = block_size.max(1);
         self.used_blocks = 0;
@@ -377,7 +377,7 @@ impl Scheduler {
     /// The step of the oldest outstanding plan when it has run longer than its deadline
     /// (`base` plus `per_token` for each token it computes), counted from when the shards
     /// could start it: a pipelined plan waits for the one before it.
-    pub fn overdue(&self, now: Instant, base: Duration, per_token: Duration) -> Option<u64> {
+    pub fn overdue(&self, now: Instant, base: Duration, per_token: Duration) -> Option<StepId> {
         let oldest = self.in_flight.front()?;
         let allowed = base + per_token * u32::try_from(oldest.tokens).unwrap_or(u32::MAX);
         (now.duration_since(oldest.started) > allowed).then_some(oldest.step)
@@ -386,7 +386,7 @@ impl Scheduler {
     /// Applies rank 0's results of `step`: the tokens for the clients, in order.
     pub fn on_step_done(
         &mut self,
-        step: u64,
+        step: StepId,
         tokens: Vec<SeqToken>,
         cached: &[(SeqId, u32)],
         now: Instant,

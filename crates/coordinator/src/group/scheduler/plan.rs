@@ -9,13 +9,13 @@
 
 use std::time::Instant;
 
-use tessera_comm::proto::{NewSeq, PrefillChunk, SeqId, StepPlan};
+use tessera_comm::proto::{NewSeq, PrefillChunk, SeqId, StepId, StepPlan};
 
 use super::{InFlight, QueueKey, Running, Scheduler, Waiting};
 
 /// What one plan is being filled with.
 struct Draft {
-    step: u64,
+    step: StepId,
     budget: usize,
     new: Vec<NewSeq>,
     prefill: Vec<PrefillChunk>,
@@ -41,7 +41,7 @@ impl Scheduler {
         if draft.decode.is_empty() && draft.prefill.is_empty() && self.to_free.is_empty() {
             return None;
         }
-        self.next_step += 1;
+        self.next_step = self.next_step.next();
         self.in_flight.push_back(InFlight {
             step: draft.step,
             started: now,
@@ -167,7 +167,7 @@ impl Scheduler {
 
     /// Frees `more` blocks for the sequence at `key` by preempting worse sequences (not
     /// named in the plan being made); false when only `key` itself or better remain.
-    fn make_room(&mut self, more: u32, key: QueueKey, step: u64) -> bool {
+    fn make_room(&mut self, more: u32, key: QueueKey, step: StepId) -> bool {
         while self.kv_blocks - self.used_blocks < more {
             let victim = self
                 .running
@@ -184,7 +184,7 @@ impl Scheduler {
     }
 
     /// Preempts running sequences worse than the waiting `key` until `blocks` fit.
-    fn preempt_worse_than(&mut self, key: QueueKey, blocks: u32, step: u64) -> bool {
+    fn preempt_worse_than(&mut self, key: QueueKey, blocks: u32, step: StepId) -> bool {
         let outranked = self
             .running
             .iter()

@@ -39,8 +39,8 @@ fn chunks(p: &StepPlan) -> Vec<(u64, u32)> {
 #[test]
 fn pipelines_two_plans_and_finishes_at_max_tokens() {
     let now = Instant::now();
-    let mut s = Scheduler::new(1, config(256));
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    let mut s = Scheduler::new(Term(1), config(256));
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(5, 3), Vec::new(), now)
         .unwrap();
     let p0 = s.plan_step(now).unwrap();
@@ -50,14 +50,14 @@ fn pipelines_two_plans_and_finishes_at_max_tokens() {
     let p1 = s.plan_step(now).unwrap();
     assert_eq!(p1.decode, [SeqId(1)]);
     assert!(s.plan_step(now).is_none(), "at most two plans in flight");
-    let out = s.on_step_done(0, vec![token(1, 7, None)], &[], now);
+    let out = s.on_step_done(StepId(0), vec![token(1, 7, None)], &[], now);
     assert_eq!(out[0].finish, None);
     let p2 = s.plan_step(now).unwrap();
     assert_eq!(p2.decode, [SeqId(1)]);
-    s.on_step_done(1, vec![token(1, 8, None)], &[], now);
+    s.on_step_done(StepId(1), vec![token(1, 8, None)], &[], now);
     // Three tokens planned: nothing left to decode.
     assert!(s.plan_step(now).is_none());
-    let out = s.on_step_done(2, vec![token(1, 9, None)], &[], now);
+    let out = s.on_step_done(StepId(2), vec![token(1, 9, None)], &[], now);
     assert_eq!(out[0].finish, Some(FinishReason::Length));
     let p3 = s.plan_step(now).unwrap();
     assert_eq!(p3.free, [SeqId(1)]);
@@ -67,26 +67,31 @@ fn pipelines_two_plans_and_finishes_at_max_tokens() {
 #[test]
 fn long_prompts_are_chunked_and_decodes_come_first() {
     let now = Instant::now();
-    let mut s = Scheduler::new(1, config(64));
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    let mut s = Scheduler::new(Term(1), config(64));
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(10, 50), Vec::new(), now)
         .unwrap();
     s.plan_step(now).unwrap();
-    s.on_step_done(0, vec![token(1, 1, None)], &[], now);
+    s.on_step_done(StepId(0), vec![token(1, 1, None)], &[], now);
     s.submit(SeqId(2), "", request(150, 5), Vec::new(), now)
         .unwrap();
     let p = s.plan_step(now).unwrap();
     assert_eq!(p.decode, [SeqId(1)]);
     assert_eq!(chunks(&p), [(2, 63)], "one decode token + 63 prompt tokens");
-    s.on_step_done(1, vec![token(1, 1, None)], &[], now);
+    s.on_step_done(StepId(1), vec![token(1, 1, None)], &[], now);
     let p = s.plan_step(now).unwrap();
     assert_eq!(p.decode, [SeqId(1)]);
     assert_eq!(chunks(&p), [(2, 63)]);
     assert!(p.new.is_empty(), "a sequence is new once");
-    s.on_step_done(2, vec![token(1, 1, None)], &[], now);
+    s.on_step_done(StepId(2), vec![token(1, 1, None)], &[], now);
     let p = s.plan_step(now).unwrap();
     assert_eq!(chunks(&p), [(2, 24)]);
-    s.on_step_done(3, vec![token(1, 1, None), token(2, 5, None)], &[], now);
+    s.on_step_done(
+        StepId(3),
+        vec![token(1, 1, None), token(2, 5, None)],
+        &[],
+        now,
+    );
     let p = s.plan_step(now).unwrap();
     assert_eq!(p.decode, [SeqId(1), SeqId(2)]);
 }
@@ -94,14 +99,14 @@ fn long_prompts_are_chunked_and_decodes_come_first() {
 #[test]
 fn a_prefix_cache_hit_shortens_the_prefill() {
     let now = Instant::now();
-    let mut s = Scheduler::new(1, config(64));
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    let mut s = Scheduler::new(Term(1), config(64));
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(200, 5), Vec::new(), now)
         .unwrap();
     assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
     assert_eq!(chunks(&s.plan_step(now).unwrap()), [(1, 64)]);
     // The shards held 128 tokens: 128 + 128 planned leaves nothing after 200.
-    s.on_step_done(0, vec![], &[(SeqId(1), 128)], now);
+    s.on_step_done(StepId(0), vec![], &[(SeqId(1), 128)], now);
     let p = s.plan_step(now).unwrap();
     assert!(p.prefill.is_empty());
     assert_eq!(p.decode, [SeqId(1)]);
@@ -112,13 +117,13 @@ fn a_prefix_cache_hit_shortens_the_prefill() {
 fn priority_orders_admission_and_the_queue_is_bounded() {
     let now = Instant::now();
     let mut s = Scheduler::new(
-        1,
+        Term(1),
         SchedulerConfig {
             max_waiting: 3,
             ..config(256)
         },
     );
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     let with = |p: i32| GenerateRequest {
         stop: Vec::new(),
         priority: p,
@@ -140,13 +145,13 @@ fn priority_orders_admission_and_the_queue_is_bounded() {
 fn admission_keeps_a_watermark_and_never_overtakes_on_blocks() {
     let now = Instant::now();
     let mut s = Scheduler::new(
-        1,
+        Term(1),
         SchedulerConfig {
             watermark: 0.25,
             ..config(256)
         },
     );
-    s.start_epoch(1, 8, 16, Vec::new(), now);
+    s.start_epoch(Epoch(1), 8, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(60, 4), Vec::new(), now)
         .unwrap(); // 4 blocks
     s.submit(SeqId(2), "", request(40, 4), Vec::new(), now)
@@ -168,13 +173,13 @@ fn admission_keeps_a_watermark_and_never_overtakes_on_blocks() {
 fn fence_returns_running_and_keeps_the_queue() {
     let now = Instant::now();
     let mut s = Scheduler::new(
-        1,
+        Term(1),
         SchedulerConfig {
             max_running: 4,
             ..config(256)
         },
     );
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(2, 4), Vec::new(), now)
         .unwrap();
     s.plan_step(now).unwrap();
@@ -184,17 +189,17 @@ fn fence_returns_running_and_keeps_the_queue() {
     }
     assert_eq!(s.fence(), [SeqId(1)]);
     assert!(s.plan_step(now).is_none(), "no plans without an epoch");
-    s.start_epoch(2, 100, 16, Vec::new(), now);
+    s.start_epoch(Epoch(2), 100, 16, Vec::new(), now);
     let p = s.plan_step(now).unwrap();
-    assert_eq!((p.epoch, p.step), (2, 0));
+    assert_eq!((p.epoch, p.step), (Epoch(2), StepId(0)));
     assert_eq!(p.new.len(), 4);
 }
 
 #[test]
 fn deadline_and_expiry() {
     let now = Instant::now();
-    let mut s = Scheduler::new(1, config(256));
-    s.start_epoch(1, 100, 16, Vec::new(), now);
+    let mut s = Scheduler::new(Term(1), config(256));
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
     s.submit(SeqId(1), "", request(10, 4), Vec::new(), now)
         .unwrap();
     s.plan_step(now).unwrap();
@@ -205,7 +210,7 @@ fn deadline_and_expiry() {
     );
     assert_eq!(
         s.overdue(now + Duration::from_millis(1101), base, per),
-        Some(0)
+        Some(StepId(0))
     );
     s.fence();
     s.submit(SeqId(2), "", request(1, 1), Vec::new(), now)
@@ -313,8 +318,8 @@ fn simulate(
     step_tokens: usize,
 ) -> (BTreeMap<u64, Vec<u32>>, u32) {
     let now = Instant::now();
-    let mut s = Scheduler::new(1, config(step_tokens));
-    s.start_epoch(1, kv_blocks, 4, Vec::new(), now);
+    let mut s = Scheduler::new(Term(1), config(step_tokens));
+    s.start_epoch(Epoch(1), kv_blocks, 4, Vec::new(), now);
     for (i, r) in requests.into_iter().enumerate() {
         s.submit(SeqId(i as u64 + 1), "", r, Vec::new(), now)
             .unwrap();
@@ -398,9 +403,15 @@ fn carried(seq: u64, tag: &str, prompt: u32, generated: &[u32]) -> HeldSeq {
 #[test]
 fn a_carried_sequence_runs_on_without_prefill_when_its_request_claims_it() {
     let now = Instant::now();
-    let mut s = Scheduler::new(2, config(256));
+    let mut s = Scheduler::new(Term(2), config(256));
     // 20 prompt + 3 generated: 22 positions computed, 2 blocks of 16.
-    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    s.start_epoch(
+        Epoch(1),
+        100,
+        16,
+        vec![carried(77, "cmpl-a", 20, &[5, 6, 7])],
+        now,
+    );
     assert_eq!(s.kv_usage().0, 2, "counted in use before it is claimed");
     assert!(
         s.plan_step(now).is_none(),
@@ -421,12 +432,12 @@ fn a_carried_sequence_runs_on_without_prefill_when_its_request_claims_it() {
     assert!(p0.new.is_empty() && p0.prefill.is_empty(), "no recompute");
     assert_eq!(p0.decode, [SeqId(77)]);
     // It decodes up to max_tokens, counting the carried tokens: 3 + 7 more.
-    let mut step = 0;
+    let mut step = StepId(0);
     let mut emitted = 0;
     loop {
         let out = s.on_step_done(step, vec![token(77, 1, None)], &[], now);
         emitted += 1;
-        step += 1;
+        step = step.next();
         if out[0].finish.is_some() {
             break;
         }
@@ -440,8 +451,14 @@ fn a_carried_sequence_runs_on_without_prefill_when_its_request_claims_it() {
 #[test]
 fn a_carried_sequence_that_does_not_extend_the_journal_is_freed_and_recomputed() {
     let now = Instant::now();
-    let mut s = Scheduler::new(2, config(256));
-    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    let mut s = Scheduler::new(Term(2), config(256));
+    s.start_epoch(
+        Epoch(1),
+        100,
+        16,
+        vec![carried(77, "cmpl-a", 20, &[5, 6, 7])],
+        now,
+    );
     // The journal disagrees on the second token.
     let admitted = s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5, 9], now);
     assert_eq!(admitted, Ok(Admitted::Queued));
@@ -464,8 +481,14 @@ fn a_carried_sequence_that_does_not_extend_the_journal_is_freed_and_recomputed()
 #[test]
 fn an_unclaimed_carried_sequence_is_freed_after_the_grace_period() {
     let now = Instant::now();
-    let mut s = Scheduler::new(2, config(256));
-    s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5])], now);
+    let mut s = Scheduler::new(Term(2), config(256));
+    s.start_epoch(
+        Epoch(1),
+        100,
+        16,
+        vec![carried(77, "cmpl-a", 20, &[5])],
+        now,
+    );
     s.expire_carried(now + Duration::from_secs(1), Duration::from_secs(10));
     assert!(s.plan_step(now).is_none());
     s.expire_carried(now + Duration::from_secs(11), Duration::from_secs(10));
@@ -479,13 +502,19 @@ fn an_unclaimed_carried_sequence_is_freed_after_the_grace_period() {
 #[test]
 fn a_request_queued_before_the_epoch_runs_on_as_its_carried_sequence() {
     let now = Instant::now();
-    let mut s = Scheduler::new(2, config(256));
+    let mut s = Scheduler::new(Term(2), config(256));
     // The new leader resumes its journal before the shards have registered.
     s.submit(SeqId(1), "cmpl-a", request(20, 10), vec![5, 6], now)
         .unwrap();
     s.submit(SeqId(2), "cmpl-b", request(8, 10), vec![4], now)
         .unwrap();
-    let adopted = s.start_epoch(1, 100, 16, vec![carried(77, "cmpl-a", 20, &[5, 6, 7])], now);
+    let adopted = s.start_epoch(
+        Epoch(1),
+        100,
+        16,
+        vec![carried(77, "cmpl-a", 20, &[5, 6, 7])],
+        now,
+    );
     assert_eq!(
         adopted,
         [Adopted {
@@ -506,7 +535,7 @@ fn a_request_queued_before_the_epoch_runs_on_as_its_carried_sequence() {
 #[test]
 fn carried_sequences_that_do_not_add_up_or_fit_are_freed() {
     let now = Instant::now();
-    let mut s = Scheduler::new(2, config(256));
+    let mut s = Scheduler::new(Term(2), config(256));
     let mut inconsistent = carried(5, "cmpl-b", 20, &[1, 2]);
     inconsistent.computed = 30;
     let empty = HeldSeq {
@@ -524,7 +553,7 @@ fn carried_sequences_that_do_not_add_up_or_fit_are_freed() {
         carried(9, "cmpl-f", 4, &[1]),
         carried(10, "cmpl-f", 4, &[1]),
     ];
-    s.start_epoch(1, 5, 16, held, now);
+    s.start_epoch(Epoch(1), 5, 16, held, now);
     assert_eq!(s.kv_usage().0, 3, "only cmpl-d is counted");
     let mut freed = s.plan_step(now).unwrap().free;
     freed.sort();

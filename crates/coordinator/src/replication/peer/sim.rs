@@ -16,6 +16,7 @@ use raft::StateRole;
 use raft::prelude::{Message, MessageType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_comm::proto::Term;
 use tessera_topology::PeerId;
 
 use super::{Peer, ProposalId};
@@ -205,7 +206,7 @@ impl Sim {
             .map(Peer::role)
             .filter(|r| r.state == StateRole::Leader)
             .max_by_key(|r| r.term)
-            .map(|r| (r.id.0, r.term))
+            .map(|r| (r.id.0, r.term.0))
     }
 
     fn random_command(&mut self) -> Command {
@@ -521,7 +522,7 @@ fn an_isolated_leader_steps_down_and_rejoins_without_an_election() {
     assert_eq!(sim.leader(), Some((new, new_term)));
     assert_eq!(
         sim.peers[&old].as_ref().expect("up").role().term,
-        new_term,
+        Term(new_term),
         "the old leader rejoined at the new term"
     );
     let changes: BTreeSet<u64> = sim.leaders.iter().map(|&(_, _, t)| t).collect();
