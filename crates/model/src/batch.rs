@@ -5,7 +5,6 @@
 
 use crate::error::ModelError;
 use crate::kv_cache::SeqChunk;
-use crate::llama::check_chunk;
 
 /// The index arrays of one forward pass.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -75,6 +74,31 @@ impl BatchIndex {
         }
         ix
     }
+}
+
+/// Refuses a chunk with tokens outside a vocabulary of `vocab`, or whose block table does
+/// not cover its positions inside a cache of `blocks` blocks of `block_size` positions.
+fn check_chunk(
+    vocab: usize,
+    chunk: &SeqChunk<'_>,
+    (block_size, blocks): (usize, usize),
+) -> Result<(), ModelError> {
+    if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::InvalidRequest {
+            message: format!("token id {bad} is outside the vocabulary of {vocab}"),
+        });
+    }
+    let end = chunk.start + chunk.tokens.len();
+    let needed = end.div_ceil(block_size);
+    if chunk.block_table.len() < needed || chunk.block_table.iter().any(|&b| b as usize >= blocks) {
+        return Err(ModelError::InvalidRequest {
+            message: format!(
+                "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
+                chunk.block_table.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! One-sequence generation on one process: prefill the prompt, then decode token by token
-//! with a [`Sampler`], stopping at a stop token or the token limit.
+//! with a [`Sampler`], stopping at a stop token or the token limit. That stopping rule,
+//! [`FinishRule`], is also the one the shard applies to served requests.
 //!
 //! This drives `tessera generate` ([`generate`], tp = 1). [`generate_in_group`] runs one
 //! rank of a tensor-parallel group inside one process (every rank on its own thread, with
@@ -30,6 +31,39 @@ pub struct GenerationRequest {
 
 /// Why generation ended: the same reason a shard reports on the wire.
 pub use tessera_comm::proto::FinishReason;
+
+/// When a sequence stops: the one rule that [`generate_in_group`] and the shard's step loop
+/// both apply to every token they sample, so `tessera generate` and a served request end
+/// on the same token.
+#[derive(Clone, Copy, Debug)]
+pub struct FinishRule<'a> {
+    /// Tokens that end the sequence (the token itself is kept in the output).
+    pub stop_tokens: &'a [u32],
+    /// Tokens the request may generate.
+    pub max_tokens: usize,
+    /// The model's context: a sequence this long has no position left for another token.
+    pub context_tokens: usize,
+}
+
+impl FinishRule<'_> {
+    /// Why the sequence ends with `token`, just sampled, which makes it `generated_tokens`
+    /// generated and `total_tokens` long (prompt included); `None` when it goes on. A stop
+    /// token is reported as [`FinishReason::Stop`] even when it is also the last one allowed.
+    pub fn check(
+        &self,
+        token: u32,
+        generated_tokens: usize,
+        total_tokens: usize,
+    ) -> Option<FinishReason> {
+        if self.stop_tokens.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if generated_tokens >= self.max_tokens || total_tokens >= self.context_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
 
 /// The result of one generation.
 #[derive(Clone, Debug)]
@@ -112,7 +146,13 @@ pub fn generate_in_group(
         logits = model.forward(chunk, &mut seq, &mut cache, comm)?;
     }
     let prompt_logits = logits.clone();
+    let rule = FinishRule {
+        stop_tokens: &request.stop_tokens,
+        max_tokens: request.max_tokens,
+        context_tokens: c.max_position_embeddings,
+    };
     let mut tokens = Vec::with_capacity(request.max_tokens);
+    // What a request for no tokens ends with; any other ends through `rule`.
     let mut finish_reason = FinishReason::Length;
     let mut prefill_time = Duration::ZERO;
     while tokens.len() < request.max_tokens {
@@ -122,13 +162,12 @@ pub fn generate_in_group(
         }
         tokens.push(token);
         on_token(token);
-        if request.stop_tokens.contains(&token) {
-            finish_reason = FinishReason::Stop;
+        let total_tokens = request.prompt.len() + tokens.len();
+        if let Some(reason) = rule.check(token, tokens.len(), total_tokens) {
+            finish_reason = reason;
             break;
         }
-        if tokens.len() < request.max_tokens {
-            logits = model.forward(&[token], &mut seq, &mut cache, comm)?;
-        }
+        logits = model.forward(&[token], &mut seq, &mut cache, comm)?;
     }
     let elapsed = started.elapsed();
     Ok(Generation {
@@ -138,4 +177,28 @@ pub fn generate_in_group(
         prefill_time,
         decode_time: elapsed.saturating_sub(prefill_time),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: FinishRule<'static> = FinishRule {
+        stop_tokens: &[2, 7],
+        max_tokens: 4,
+        context_tokens: 10,
+    };
+
+    #[test]
+    fn a_stop_token_ends_the_sequence_even_as_its_last_allowed_token() {
+        assert_eq!(RULE.check(7, 1, 3), Some(FinishReason::Stop));
+        assert_eq!(RULE.check(2, 4, 10), Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn the_token_limit_or_a_full_context_ends_it_by_length() {
+        assert_eq!(RULE.check(5, 3, 9), None);
+        assert_eq!(RULE.check(5, 4, 6), Some(FinishReason::Length));
+        assert_eq!(RULE.check(5, 1, 10), Some(FinishReason::Length));
+    }
 }

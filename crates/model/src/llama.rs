@@ -3,7 +3,8 @@
 //! Qwen2 are the same graph with other defaults (Qwen2: q/k/v biases, tied embeddings).
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
-//! their K/V into the paged cache, and returns the logits of the last token.
+//! their K/V into the paged cache, and returns the logits of the last token. This file is
+//! that pass; building a model (mapping and slicing its tensors) is the `load` submodule.
 //!
 //! Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019,
 //! <https://arxiv.org/abs/1909.08053>); the slicing arithmetic is `tessera_topology`'s
@@ -21,7 +22,8 @@
 //! KV head `h / (local heads / local KV heads)`, which is the right one both when KV heads
 //! are split and when they are replicated (tp > KV heads: one KV head per rank).
 
-use std::mem::{Discriminant, discriminant};
+mod load;
+
 use std::ops::Range;
 
 use tessera_comm::Collective;
@@ -30,14 +32,15 @@ use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::matmul;
 use tessera_kernels::norm::{add_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
-use tessera_topology::{RankPlan, plan_group};
-use tracing::{info, warn};
+use tessera_topology::RankPlan;
 
 use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
-use crate::weights::{TensorId, TensorSource, Weight, check_shape};
+use crate::weights::Weight;
+
+pub use load::LoadProgress;
 
 /// A projection with an optional bias.
 #[derive(Debug)]
@@ -185,238 +188,7 @@ struct Scratch {
     down: Vec<f32>,
 }
 
-/// Takes one rank's slice of each tensor from a source, counting the bytes it keeps.
-struct Slicer<'a> {
-    source: &'a dyn TensorSource,
-    bytes: usize,
-    dequantized: Vec<String>,
-    /// Tensor kinds already warned about (one warning per kind, not per layer).
-    warned: Vec<Discriminant<TensorId>>,
-}
-
-impl Slicer<'_> {
-    /// The whole `rows × cols` tensor (norms: replicated on every rank).
-    fn whole(&mut self, id: TensorId, rows: usize, cols: usize) -> Result<Weight, ModelError> {
-        let w = self.source.require_shape(id, rows, cols)?;
-        self.bytes += w.storage_bytes();
-        Ok(w)
-    }
-
-    fn norm(&mut self, id: TensorId, hidden: usize) -> Result<Vec<f32>, ModelError> {
-        self.whole(id, 1, hidden)?.to_f32()
-    }
-
-    /// Rows `take` of the `rows × cols` tensor `id`, borrowed from the map.
-    fn rows(
-        &mut self,
-        id: TensorId,
-        (rows, cols): (usize, usize),
-        take: Range<usize>,
-    ) -> Result<Weight, ModelError> {
-        let w = self.source.require_shape(id, rows, cols)?;
-        self.keep_rows(w, take)
-    }
-
-    fn keep_rows(&mut self, w: Weight, take: Range<usize>) -> Result<Weight, ModelError> {
-        let w = if take == (0..w.rows) {
-            w
-        } else {
-            w.rows_slice(take)?
-        };
-        self.bytes += w.storage_bytes();
-        Ok(w)
-    }
-
-    /// Columns `take` of every row of the `rows × cols` tensor `id`, copied out; dequantized
-    /// to f32 (with a warning) when `take` does not fall on the type's block boundaries.
-    fn cols(
-        &mut self,
-        id: TensorId,
-        (rows, cols): (usize, usize),
-        take: Range<usize>,
-    ) -> Result<Weight, ModelError> {
-        let w = self.source.require_shape(id, rows, cols)?;
-        let w = if take == (0..cols) {
-            w
-        } else {
-            if !w.cols_aligned(&take) {
-                if !self.warned.contains(&discriminant(&id)) {
-                    self.warned.push(discriminant(&id));
-                    warn!(
-                        tensor = %w.name,
-                        dtype = %w.dtype,
-                        cols = ?take,
-                        block_elems = w.dtype.block_elems(),
-                        "column slice is not block-aligned: dequantized to f32"
-                    );
-                }
-                self.dequantized.push(w.name.clone());
-            }
-            w.cols_slice(take)?
-        };
-        self.bytes += w.storage_bytes();
-        Ok(w)
-    }
-
-    /// A column-parallel projection: rows `take` of the weight and of its bias.
-    fn column_parallel(
-        &mut self,
-        (id, bias): (TensorId, Option<TensorId>),
-        (rows, cols): (usize, usize),
-        take: Range<usize>,
-    ) -> Result<Linear, ModelError> {
-        let weight = self.rows(id, (rows, cols), take.clone())?;
-        let bias = match bias {
-            // A bias is one row: its slice is a column range.
-            Some(b) => Some(self.cols(b, (1, rows), take)?.to_f32()?),
-            None => None,
-        };
-        Ok(Linear { weight, bias })
-    }
-
-    /// A row-parallel projection (no bias in this family): columns `take` of every row.
-    fn row_parallel(
-        &mut self,
-        id: TensorId,
-        (rows, cols): (usize, usize),
-        take: Range<usize>,
-    ) -> Result<Linear, ModelError> {
-        let weight = self.cols(id, (rows, cols), take)?;
-        Ok(Linear { weight, bias: None })
-    }
-
-    fn layer(&mut self, l: usize, c: &ModelConfig, plan: &RankPlan) -> Result<Layer, ModelError> {
-        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (q_rows, kv_rows) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
-        let bias = |id: TensorId| c.attention_bias.then_some(id);
-        Ok(Layer {
-            attn_norm: self.norm(TensorId::AttnNorm(l), hidden)?,
-            q: self.column_parallel(
-                (TensorId::Q(l), bias(TensorId::QBias(l))),
-                (q_rows, hidden),
-                plan.q_rows(hd),
-            )?,
-            k: self.column_parallel(
-                (TensorId::K(l), bias(TensorId::KBias(l))),
-                (kv_rows, hidden),
-                plan.kv_rows(hd),
-            )?,
-            v: self.column_parallel(
-                (TensorId::V(l), bias(TensorId::VBias(l))),
-                (kv_rows, hidden),
-                plan.kv_rows(hd),
-            )?,
-            o: self.row_parallel(TensorId::O(l), (hidden, q_rows), plan.q_rows(hd))?,
-            ffn_norm: self.norm(TensorId::FfnNorm(l), hidden)?,
-            gate: self.column_parallel(
-                (TensorId::Gate(l), None),
-                (inter, hidden),
-                plan.mlp_rows.clone(),
-            )?,
-            up: self.column_parallel(
-                (TensorId::Up(l), None),
-                (inter, hidden),
-                plan.mlp_rows.clone(),
-            )?,
-            down: self.row_parallel(TensorId::Down(l), (hidden, inter), plan.mlp_rows.clone())?,
-        })
-    }
-}
-
-/// How far [`Llama::load_rank_with_progress`] has come.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadProgress {
-    pub layers_done: usize,
-    pub layers: usize,
-    /// Bytes of this rank's slice taken so far.
-    pub weight_bytes: usize,
-}
-
 impl Llama {
-    /// Loads (maps) every tensor the config implies, checking each shape: the whole model,
-    /// a group of one.
-    pub fn load(source: &dyn TensorSource, config: ModelConfig) -> Result<Llama, ModelError> {
-        let plans = plan_group(1, &config.shape()).map_err(|e| ModelError::Plan {
-            message: e.to_string(),
-        })?;
-        Llama::load_rank(source, config, &plans[0], 1)
-    }
-
-    /// Loads rank `plan.rank`'s slice of the model for a group of `tp` ranks (see the
-    /// module docs). Column-parallel slices borrow the map; row-parallel ones copy only
-    /// their columns. `plan` must be the one `plan_group(tp, config.shape())` gives.
-    pub fn load_rank(
-        source: &dyn TensorSource,
-        config: ModelConfig,
-        plan: &RankPlan,
-        tp: usize,
-    ) -> Result<Llama, ModelError> {
-        Llama::load_rank_with_progress(source, config, plan, tp, &mut |_| {})
-    }
-
-    /// [`Llama::load_rank`], calling `progress` after each layer.
-    pub fn load_rank_with_progress(
-        source: &dyn TensorSource,
-        config: ModelConfig,
-        plan: &RankPlan,
-        tp: usize,
-        progress: &mut dyn FnMut(LoadProgress),
-    ) -> Result<Llama, ModelError> {
-        let sharding = Sharding::new(&config, plan, tp)?;
-        let c = &config;
-        let hidden = c.hidden_size;
-        let mut slicer = Slicer {
-            source,
-            bytes: 0,
-            dequantized: Vec::new(),
-            warned: Vec::new(),
-        };
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for l in 0..c.num_hidden_layers {
-            layers.push(slicer.layer(l, c, plan)?);
-            progress(LoadProgress {
-                layers_done: l + 1,
-                layers: c.num_hidden_layers,
-                weight_bytes: slicer.bytes,
-            });
-        }
-        let vocab = plan.vocab_rows.clone();
-        let embed = slicer.rows(TensorId::Embed, (c.vocab_size, hidden), vocab.clone())?;
-        let lm_head = match source.get(TensorId::LmHead)? {
-            Some(w) => {
-                let w = check_shape(source.path(), w, c.vocab_size, hidden)?;
-                Some(slicer.keep_rows(w, vocab)?)
-            }
-            None if c.tie_word_embeddings => None,
-            None => {
-                return Err(ModelError::MissingTensor {
-                    path: source.path().into(),
-                    tensor: TensorId::LmHead.hf_name(),
-                });
-            }
-        };
-        let final_norm = slicer.norm(TensorId::FinalNorm, hidden)?;
-        let rope = Rope::new(c.head_dim, c.rope.theta, &c.rope.scaling, c.rope.pairing);
-        info!(
-            rank = %plan.rank,
-            tp,
-            weight_bytes = slicer.bytes,
-            dequantized_tensors = slicer.dequantized.len(),
-            "model slice loaded"
-        );
-        Ok(Llama {
-            rope,
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            sharding,
-            weight_bytes: slicer.bytes,
-            dequantized: slicer.dequantized,
-            config,
-        })
-    }
-
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -635,51 +407,6 @@ impl Sharding {
         }
         Ok(logits)
     }
-
-    /// Checks `plan` against the group's plan for this model and keeps what forward needs.
-    fn new(config: &ModelConfig, plan: &RankPlan, tp: usize) -> Result<Sharding, ModelError> {
-        let plans = plan_group(tp, &config.shape()).map_err(|e| ModelError::Plan {
-            message: e.to_string(),
-        })?;
-        if plans.get(plan.rank.0 as usize) != Some(plan) {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "rank {}'s plan {plan:?} is not the split of this model over {tp} ranks",
-                    plan.rank
-                ),
-            });
-        }
-        Ok(Sharding {
-            tp,
-            plan: plan.clone(),
-            vocab_parts: plans.into_iter().map(|p| p.vocab_rows).collect(),
-        })
-    }
-}
-
-/// Refuses a chunk with tokens outside a vocabulary of `vocab`, or whose block table does
-/// not cover its positions inside a cache of `blocks` blocks of `block_size` positions.
-pub(crate) fn check_chunk(
-    vocab: usize,
-    chunk: &SeqChunk<'_>,
-    (block_size, blocks): (usize, usize),
-) -> Result<(), ModelError> {
-    if let Some(&bad) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ModelError::InvalidRequest {
-            message: format!("token id {bad} is outside the vocabulary of {vocab}"),
-        });
-    }
-    let end = chunk.start + chunk.tokens.len();
-    let needed = end.div_ceil(block_size);
-    if chunk.block_table.len() < needed || chunk.block_table.iter().any(|&b| b as usize >= blocks) {
-        return Err(ModelError::InvalidRequest {
-            message: format!(
-                "the block table ({} blocks) does not hold positions 0..{end} in a cache of {blocks} blocks",
-                chunk.block_table.len()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// Refuses a KV cache whose heads (`got`) are not the rank's (`want`): K/V would scramble.

@@ -18,6 +18,7 @@ use tessera_comm::proto::{
     TokenLogprobs,
 };
 use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
+use tessera_model::generate::FinishRule;
 use tessera_model::kv_cache::SeqChunk;
 use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
 use tessera_topology::Rank;
@@ -384,14 +385,13 @@ fn sample(id: SeqId, seq: &mut Seq, logits: &mut [f32], context: usize) -> SeqTo
     let raw = seq.top_logprobs.map(|k| (logits.to_vec(), k));
     let (prompt, generated) = seq.tokens.split_at(seq.prompt_len);
     let token = sampler.sample(logits, prompt, generated);
-    let produced = seq.generated() + 1;
-    let finish = if seq.stop_token_ids.contains(&token) {
-        Some(FinishReason::Stop)
-    } else if produced >= seq.max_tokens as usize || seq.tokens.len() + 1 >= context {
-        Some(FinishReason::Length)
-    } else {
-        None
+    let rule = FinishRule {
+        stop_tokens: &seq.stop_token_ids,
+        max_tokens: seq.max_tokens as usize,
+        context_tokens: context,
     };
+    // `token` is not pushed yet: it is one more generated token and one more in all.
+    let finish = rule.check(token, seq.generated() + 1, seq.tokens.len() + 1);
     let logprobs = raw.map(|(raw, k)| {
         let (logprob, top) = logprobs(&raw, token, usize::from(k));
         TokenLogprobs { logprob, top }
