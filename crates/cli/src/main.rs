@@ -68,13 +68,8 @@ enum CertsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let log = std::env::var("TESSERA_LOG").ok();
+    tessera_comm::logging::init(log.as_deref(), "warn");
     let result = match &cli.command {
         Command::Up(args) => up::run(args),
         Command::Generate(args) => generate::run(args),

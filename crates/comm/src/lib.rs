@@ -15,6 +15,7 @@
 //! - `nccl` (feature `nccl`): NCCL between GPU ranks (loaded at run time), every
 //!   collective bounded by a deadline that aborts the communicator. It is the only unsafe
 //!   code of this crate, and without the feature it is absent with cudarc.
+//! - [`logging`]: the log lines every process writes (stderr, filtered by `TESSERA_LOG`).
 //!
 //! Drivers: the shard process (`tessera-shard`) owns one collective on its compute thread
 //! and one control connection; the coordinator accepts the control connections.
@@ -24,6 +25,7 @@
 pub mod certs;
 pub mod collective;
 mod error;
+pub mod logging;
 #[cfg(feature = "nccl")]
 #[allow(unsafe_code)] // FFI to NCCL; each block names its invariant
 pub mod nccl;

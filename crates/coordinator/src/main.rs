@@ -67,13 +67,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let log = std::env::var("TESSERA_LOG").ok();
+    tessera_comm::logging::init(log.as_deref(), "info");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(error) => {
