@@ -21,6 +21,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use tessera_kernels::sampling::SamplingParams;
 use tessera_topology::{PeerId, Rank};
 
 use crate::collective::GroupToken;
@@ -354,16 +355,35 @@ pub struct Sampling {
     pub logprobs: Option<u8>,
 }
 
+impl Sampling {
+    /// The kernels' parameters this stands for.
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k as usize,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: Some(self.seed),
+        }
+    }
+}
+
 impl Default for Sampling {
+    /// The kernels' neutral parameters (greedy, no limits, no penalties), seed 0, no
+    /// logprobs.
     fn default() -> Sampling {
+        let neutral = SamplingParams::default();
         Sampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
+            temperature: neutral.temperature,
+            top_k: u32::try_from(neutral.top_k).unwrap_or(u32::MAX),
+            top_p: neutral.top_p,
+            min_p: neutral.min_p,
+            repetition_penalty: neutral.repetition_penalty,
+            presence_penalty: neutral.presence_penalty,
+            frequency_penalty: neutral.frequency_penalty,
             seed: 0,
             logprobs: None,
         }

@@ -14,10 +14,9 @@ use std::collections::HashMap;
 
 use tessera_comm::Collective;
 use tessera_comm::proto::{
-    Epoch, FinishReason, HeldSeq, NewSeq, Sampling, SeqId, SeqToken, StepId, StepPlan,
-    TokenLogprobs,
+    Epoch, FinishReason, HeldSeq, NewSeq, SeqId, SeqToken, StepId, StepPlan, TokenLogprobs,
 };
-use tessera_kernels::sampling::{Sampler, SamplingParams, logprobs};
+use tessera_kernels::sampling::{Sampler, logprobs};
 use tessera_model::generate::FinishRule;
 use tessera_model::kv_cache::SeqChunk;
 use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
@@ -246,8 +245,8 @@ impl StepRunner {
         let reusable = (tokens.len() - 1) / bs * bs;
         let (table, hashes) = self.blocks.acquire_prefix(&tokens[..reusable]);
         let computed = table.len() * bs;
-        let sampler = (self.rank == Rank(0))
-            .then(|| Sampler::new(sampling_params(&new.sampling), new.sampling.seed));
+        let sampler =
+            (self.rank == Rank(0)).then(|| Sampler::new(new.sampling.params(), new.sampling.seed));
         self.seqs.insert(
             new.seq,
             Seq {
@@ -438,18 +437,4 @@ fn share_samples(
         };
     }
     Ok(sampled)
-}
-
-/// The kernel's sampling settings for the wire's.
-pub fn sampling_params(s: &Sampling) -> SamplingParams {
-    SamplingParams {
-        temperature: s.temperature,
-        top_k: s.top_k as usize,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        repetition_penalty: s.repetition_penalty,
-        presence_penalty: s.presence_penalty,
-        frequency_penalty: s.frequency_penalty,
-        seed: Some(s.seed),
-    }
 }
