@@ -89,6 +89,27 @@ impl Completion {
     }
 }
 
+/// A finished stream: the completion and the client's timings, in seconds since the
+/// request was sent.
+#[derive(Debug)]
+struct Streamed {
+    completion: Completion,
+    ttft_s: f64,
+    elapsed_s: f64,
+}
+
+impl Streamed {
+    /// Generated tokens per second after the first.
+    fn decode_tokens_per_s(&self) -> f64 {
+        let tokens = self.completion.tokens.len();
+        if tokens > 1 && self.elapsed_s > self.ttft_s {
+            (tokens - 1) as f64 / (self.elapsed_s - self.ttft_s)
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Runs the generation on the server at `url`.
 pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     // No limit on the request itself: a long generation is slow, not stuck.
@@ -97,9 +118,22 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         ..ClientOptions::default()
     };
     let client = Client::new(url, http::api_key(args.api_key.as_deref()), options);
-    let base = client.base().to_owned();
-    let listed = models(&client);
-    let (model, context) = match (&args.model, listed) {
+    let (model, context) = choose_model(&client, args)?;
+    let (path, body) = request_body(args, &model, context)?;
+    let streamed = stream(&client, path, &body, !args.json)?;
+    if args.json {
+        print_json(streamed, model, client.base())?;
+    } else {
+        print_summary(&streamed, client.base())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model to ask for and its context length (prompt plus completion tokens) when the
+/// server lists it: `--model`, else the first model the server lists.
+fn choose_model(client: &Client, args: &GenerateArgs) -> anyhow::Result<(String, Option<usize>)> {
+    let listed = models(client);
+    Ok(match (&args.model, listed) {
         (Some(name), listed) => {
             let name = name.to_string_lossy().into_owned();
             let context = listed
@@ -109,15 +143,26 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             (name, context)
         }
         (None, Ok(listed)) => {
-            let first = listed
-                .into_iter()
-                .next()
-                .ok_or_else(|| anyhow!("{base}/v1/models lists no model; pass --model NAME"))?;
+            let first = listed.into_iter().next().ok_or_else(|| {
+                anyhow!(
+                    "{}/v1/models lists no model; pass --model NAME",
+                    client.base()
+                )
+            })?;
             (first.id, first.max_model_len)
         }
         (None, Err(error)) => return Err(error),
-    };
+    })
+}
 
+/// The endpoint and streamed body of the request `args` describe, for `model` with
+/// `context` tokens: `--max-tokens`, else the local path's default cut to what the
+/// context leaves after a prompt of known length.
+fn request_body(
+    args: &GenerateArgs,
+    model: &str,
+    context: Option<usize>,
+) -> anyhow::Result<(&'static str, Value)> {
     let (path, mut body, known_prompt) = match (&args.prompt_tokens, &args.prompt, &args.chat) {
         (Some(ids), _, _) if ids.is_empty() => {
             bail!("--prompt-tokens needs at least one token id")
@@ -152,17 +197,21 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if let Some(seed) = args.seed {
         body["seed"] = json!(seed);
     }
+    Ok((path, body))
+}
 
+/// Sends `body` to `path` and reads the streamed completion, printing its text to stdout
+/// as it arrives when `echo`.
+fn stream(client: &Client, path: &str, body: &Value, echo: bool) -> anyhow::Result<Streamed> {
     let url = client.url(path);
     let started = Instant::now();
-    let response = client.post(path, &body).map_err(|error| match error {
+    let response = client.post(path, body).map_err(|error| match error {
         PostError::Unreachable(e) => anyhow!("cannot reach the server (POST {url}): {e}"),
         PostError::Status { status, body } => {
             let message = serde_json::from_str(&body).map_or(body, |v| error_message(&v));
             anyhow!("the server answered {status}: {message}")
         }
     })?;
-
     let mut stdout = std::io::stdout().lock();
     let mut completion = Completion::default();
     let mut first_token: Option<Duration> = None;
@@ -177,7 +226,7 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             if completion.tokens.len() > had && first_token.is_none() {
                 first_token = Some(started.elapsed());
             }
-            if !args.json {
+            if echo {
                 write!(stdout, "{text}")?;
                 stdout.flush()?;
             }
@@ -186,51 +235,68 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             bail!("the stream of POST {url} ended before its last event");
         }
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let ttft = first_token.map_or(elapsed, |t| t.as_secs_f64());
-    let decode_tokens_per_s = if completion.tokens.len() > 1 && elapsed > ttft {
-        (completion.tokens.len() - 1) as f64 / (elapsed - ttft)
-    } else {
-        0.0
+    let elapsed_s = started.elapsed().as_secs_f64();
+    Ok(Streamed {
+        completion,
+        ttft_s: first_token.map_or(elapsed_s, |t| t.as_secs_f64()),
+        elapsed_s,
+    })
+}
+
+/// `--json`: one line with the local path's keys and the client's timings.
+fn print_json(streamed: Streamed, model: String, base: &str) -> anyhow::Result<()> {
+    let decode_tokens_per_s = streamed.decode_tokens_per_s();
+    let Streamed {
+        completion,
+        ttft_s,
+        elapsed_s,
+    } = streamed;
+    let text = (!completion.text.is_empty() || completion.tokens.is_empty())
+        .then(|| completion.text.clone());
+    let out = JsonOutput {
+        model,
+        url: base.to_owned(),
+        prompt_tokens: completion
+            .prompt_tokens
+            .unwrap_or(completion.prompt_token_ids.len()),
+        prompt_token_ids: completion.prompt_token_ids,
+        tokens: completion.tokens,
+        text,
+        finish_reason: completion
+            .finish_reason
+            .unwrap_or_else(|| "unknown".to_owned()),
+        ttft_s,
+        elapsed_s,
+        decode_tokens_per_s,
     };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    Ok(())
+}
+
+/// After the streamed text: the ids when there was no text, then the counts and timings
+/// on stderr.
+fn print_summary(streamed: &Streamed, base: &str) -> anyhow::Result<()> {
+    let completion = &streamed.completion;
+    let mut stdout = std::io::stdout().lock();
+    if completion.text.is_empty() && !completion.tokens.is_empty() {
+        // A model served without a tokenizer: the ids, as the local path prints them.
+        let ids: Vec<String> = completion.tokens.iter().map(u32::to_string).collect();
+        write!(stdout, "{}", ids.join(","))?;
+    }
+    writeln!(stdout)?;
+    stdout.flush()?;
     let prompt_tokens = completion
         .prompt_tokens
         .unwrap_or(completion.prompt_token_ids.len());
-    let finish_reason = completion
-        .finish_reason
-        .clone()
-        .unwrap_or_else(|| "unknown".to_owned());
-    if args.json {
-        let text = (!completion.text.is_empty() || completion.tokens.is_empty())
-            .then(|| completion.text.clone());
-        let out = JsonOutput {
-            model,
-            url: base,
-            prompt_tokens,
-            prompt_token_ids: completion.prompt_token_ids,
-            tokens: completion.tokens,
-            text,
-            finish_reason,
-            ttft_s: ttft,
-            elapsed_s: elapsed,
-            decode_tokens_per_s,
-        };
-        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
-    } else {
-        if completion.text.is_empty() && !completion.tokens.is_empty() {
-            // A model served without a tokenizer: the ids, as the local path prints them.
-            let ids: Vec<String> = completion.tokens.iter().map(u32::to_string).collect();
-            write!(stdout, "{}", ids.join(","))?;
-        }
-        writeln!(stdout)?;
-        stdout.flush()?;
-        eprintln!(
-            "[{prompt_tokens} prompt tokens, {} generated ({finish_reason}); first token after {:.0} ms, {decode_tokens_per_s:.1} tok/s after it, {base}]",
-            completion.tokens.len(),
-            ttft * 1e3,
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    let finish_reason = completion.finish_reason.as_deref().unwrap_or("unknown");
+    eprintln!(
+        "[{prompt_tokens} prompt tokens, {} generated ({finish_reason}); first token after {:.0} ms, {:.1} tok/s after it, {base}]",
+        completion.tokens.len(),
+        streamed.ttft_s * 1e3,
+        streamed.decode_tokens_per_s(),
+    );
+    Ok(())
 }
 
 /// `GET /v1/models`.
