@@ -10,10 +10,9 @@ use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail};
 use serde_json::{Value, json};
 
-use crate::remote::{base_url, error_message};
+use crate::http::{self, Client, ClientOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -71,14 +70,19 @@ pub struct NewPeer {
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(args: &ClusterArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::new(args);
+    let options = ClientOptions {
+        request_timeout: Some(TIMEOUT),
+        server_noun: "coordinator",
+        ..ClientOptions::default()
+    };
+    let client = Client::new(&args.url, http::api_key(args.api_key.as_deref()), options);
     let peers = match &args.command {
-        ClusterCommand::List => client.get("/v1/cluster")?,
-        ClusterCommand::Add(new) => client.add(new)?,
-        ClusterCommand::Remove { id } => client.remove(*id)?,
+        ClusterCommand::List => client.get_json("/v1/cluster")?,
+        ClusterCommand::Add(new) => add(&client, new)?,
+        ClusterCommand::Remove { id } => remove(&client, *id)?,
         ClusterCommand::Replace { old, new } => {
-            client.add(new)?;
-            client.remove(*old)?
+            add(&client, new)?;
+            remove(&client, *old)?
         }
     };
     std::io::stdout()
@@ -87,76 +91,15 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-struct Client {
-    base: String,
-    agent: ureq::Agent,
-    authorization: Option<String>,
+/// Adds `new` as a voter once the leader has committed it; the answer lists the peers.
+fn add(client: &Client, new: &NewPeer) -> anyhow::Result<Value> {
+    let body = json!({"id": new.id, "http": new.http, "quic": new.quic});
+    client.post_json("/v1/cluster/peers", &body)
 }
 
-impl Client {
-    fn new(args: &ClusterArgs) -> Client {
-        Client {
-            base: base_url(&args.url),
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(TIMEOUT))
-                .build()
-                .into(),
-            authorization: args
-                .api_key
-                .clone()
-                .or_else(|| std::env::var("OPENAI_API_KEY").ok())
-                .filter(|k| !k.is_empty())
-                .map(|k| format!("Bearer {k}")),
-        }
-    }
-
-    fn add(&self, new: &NewPeer) -> anyhow::Result<Value> {
-        let body = json!({"id": new.id, "http": new.http, "quic": new.quic});
-        self.send("POST", "/v1/cluster/peers", Some(&body))
-    }
-
-    fn remove(&self, id: u64) -> anyhow::Result<Value> {
-        self.send("DELETE", &format!("/v1/cluster/peers/{id}"), None)
-    }
-
-    fn get(&self, path: &str) -> anyhow::Result<Value> {
-        self.send("GET", path, None)
-    }
-
-    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        let url = format!("{}{path}", self.base);
-        let auth = self.authorization.as_deref();
-        let result = match (method, body) {
-            ("POST", Some(body)) => with_auth(self.agent.post(&url), auth).send_json(body),
-            ("DELETE", _) => with_auth(self.agent.delete(&url), auth).call(),
-            _ => with_auth(self.agent.get(&url), auth).call(),
-        };
-        let mut response = result.map_err(|e| {
-            anyhow!(
-                "cannot reach the coordinator at {} ({method} {url}): {e}",
-                self.base
-            )
-        })?;
-        let status = response.status().as_u16();
-        let answer: Value = response.body_mut().read_json().map_err(|e| {
-            anyhow!("{method} {url} answered {status} with a body that is not JSON: {e}")
-        })?;
-        if status != 200 {
-            bail!(
-                "{method} {url} answered {status}: {}",
-                error_message(&answer)
-            );
-        }
-        Ok(answer)
-    }
-}
-
-fn with_auth<B>(request: ureq::RequestBuilder<B>, auth: Option<&str>) -> ureq::RequestBuilder<B> {
-    match auth {
-        Some(a) => request.header("Authorization", a),
-        None => request,
-    }
+/// Removes voter `id` once the leader has committed it; the answer lists the peers.
+fn remove(client: &Client, id: u64) -> anyhow::Result<Value> {
+    client.delete_json(&format!("/v1/cluster/peers/{id}"))
 }
 
 /// The peers of a `/v1/cluster` answer as a table.

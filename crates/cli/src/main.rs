@@ -19,6 +19,7 @@ mod bench;
 mod certs_cmd;
 mod cluster_cmd;
 mod generate;
+mod http;
 mod remote;
 mod topology_cmd;
 mod up;

@@ -8,7 +8,7 @@
 //! The timings are the client's: time to the first token, and generated tokens per second
 //! after it.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -16,15 +16,9 @@ use anyhow::{Context, anyhow, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::bench::sse::SseParser;
 use crate::generate::{DEFAULT_MAX_TOKENS, GenerateArgs};
-
-/// How long connecting may take; the request itself has no limit (a long generation is
-/// slow, not stuck).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The most of an error body read.
-const ERROR_BODY_LIMIT_BYTES: u64 = 64 * 1024;
+use crate::http::sse::{SseStream, choice_text};
+use crate::http::{self, CONNECT_TIMEOUT, Client, ClientOptions, PostError, error_message};
 
 /// The `--json` output: the local path's keys where the server gives the values, and the
 /// client's timings.
@@ -89,31 +83,57 @@ impl Completion {
         if let Some(reason) = choice["finish_reason"].as_str() {
             self.finish_reason = Some(reason.to_owned());
         }
-        let text = choice["text"]
-            .as_str()
-            .or_else(|| choice["delta"]["content"].as_str())
-            .unwrap_or_default();
+        let text = choice_text(choice);
         self.text.push_str(text);
         Ok(text.to_owned())
     }
 }
 
+/// A finished stream: the completion and the client's timings, in seconds since the
+/// request was sent.
+#[derive(Debug)]
+struct Streamed {
+    completion: Completion,
+    ttft_s: f64,
+    elapsed_s: f64,
+}
+
+impl Streamed {
+    /// Generated tokens per second after the first.
+    fn decode_tokens_per_s(&self) -> f64 {
+        let tokens = self.completion.tokens.len();
+        if tokens > 1 && self.elapsed_s > self.ttft_s {
+            (tokens - 1) as f64 / (self.elapsed_s - self.ttft_s)
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Runs the generation on the server at `url`.
 pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
-    let base = base_url(url);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(CONNECT_TIMEOUT))
-        .build()
-        .into();
-    let authorization = args
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("OPENAI_API_KEY").ok())
-        .filter(|key| !key.is_empty())
-        .map(|key| format!("Bearer {key}"));
-    let listed = models(&agent, &base, authorization.as_deref());
-    let (model, context) = match (&args.model, listed) {
+    // No limit on the request itself: a long generation is slow, not stuck.
+    let options = ClientOptions {
+        connect_timeout: Some(CONNECT_TIMEOUT),
+        ..ClientOptions::default()
+    };
+    let client = Client::new(url, http::api_key(args.api_key.as_deref()), options);
+    let (model, context) = choose_model(&client, args)?;
+    let (path, body) = request_body(args, &model, context)?;
+    let streamed = stream(&client, path, &body, !args.json)?;
+    if args.json {
+        print_json(streamed, model, client.base())?;
+    } else {
+        print_summary(&streamed, client.base())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model to ask for and its context length (prompt plus completion tokens) when the
+/// server lists it: `--model`, else the first model the server lists.
+fn choose_model(client: &Client, args: &GenerateArgs) -> anyhow::Result<(String, Option<usize>)> {
+    let listed = models(client);
+    Ok(match (&args.model, listed) {
         (Some(name), listed) => {
             let name = name.to_string_lossy().into_owned();
             let context = listed
@@ -123,15 +143,26 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             (name, context)
         }
         (None, Ok(listed)) => {
-            let first = listed
-                .into_iter()
-                .next()
-                .ok_or_else(|| anyhow!("{base}/v1/models lists no model; pass --model NAME"))?;
+            let first = listed.into_iter().next().ok_or_else(|| {
+                anyhow!(
+                    "{}/v1/models lists no model; pass --model NAME",
+                    client.base()
+                )
+            })?;
             (first.id, first.max_model_len)
         }
         (None, Err(error)) => return Err(error),
-    };
+    })
+}
 
+/// The endpoint and streamed body of the request `args` describe, for `model` with
+/// `context` tokens: `--max-tokens`, else the local path's default cut to what the
+/// context leaves after a prompt of known length.
+fn request_body(
+    args: &GenerateArgs,
+    model: &str,
+    context: Option<usize>,
+) -> anyhow::Result<(&'static str, Value)> {
     let (path, mut body, known_prompt) = match (&args.prompt_tokens, &args.prompt, &args.chat) {
         (Some(ids), _, _) if ids.is_empty() => {
             bail!("--prompt-tokens needs at least one token id")
@@ -166,139 +197,115 @@ pub fn generate(url: &str, args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if let Some(seed) = args.seed {
         body["seed"] = json!(seed);
     }
+    Ok((path, body))
+}
 
-    let url = format!("{base}{path}");
-    let mut request = agent.post(&url);
-    if let Some(authorization) = &authorization {
-        request = request.header("Authorization", authorization);
-    }
+/// Sends `body` to `path` and reads the streamed completion, printing its text to stdout
+/// as it arrives when `echo`.
+fn stream(client: &Client, path: &str, body: &Value, echo: bool) -> anyhow::Result<Streamed> {
+    let url = client.url(path);
     let started = Instant::now();
-    let mut response = request
-        .send_json(&body)
-        .map_err(|e| anyhow!("cannot reach the server (POST {url}): {e}"))?;
-    let status = response.status().as_u16();
-    if status != 200 {
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(ERROR_BODY_LIMIT_BYTES)
-            .read_to_string()
-            .unwrap_or_default();
-        let message = serde_json::from_str(&text).map_or(text, |v| error_message(&v));
-        bail!("the server answered {status}: {message}");
-    }
-
+    let response = client.post(path, body).map_err(|error| match error {
+        PostError::Unreachable(e) => anyhow!("cannot reach the server (POST {url}): {e}"),
+        PostError::Status { status, body } => {
+            let message = serde_json::from_str(&body).map_or(body, |v| error_message(&v));
+            anyhow!("the server answered {status}: {message}")
+        }
+    })?;
     let mut stdout = std::io::stdout().lock();
     let mut completion = Completion::default();
     let mut first_token: Option<Duration> = None;
-    let mut reader = response.into_body().into_reader();
-    let mut parser = SseParser::default();
-    let mut buffer = [0u8; 16 * 1024];
+    let mut stream = SseStream::new(response.into_body().into_reader());
     while !completion.done {
-        let n = reader
-            .read(&mut buffer)
+        let read = stream
+            .read()
             .with_context(|| format!("reading the stream of POST {url}"))?;
-        let mut events = parser.push(&buffer[..n]);
-        if n == 0 {
-            events.extend(parser.finish());
-        }
-        for event in events {
+        for event in read.events {
             let had = completion.tokens.len();
             let text = completion.add(&event.data)?;
             if completion.tokens.len() > had && first_token.is_none() {
                 first_token = Some(started.elapsed());
             }
-            if !args.json {
+            if echo {
                 write!(stdout, "{text}")?;
                 stdout.flush()?;
             }
         }
-        if n == 0 && !completion.done {
+        if read.ended && !completion.done {
             bail!("the stream of POST {url} ended before its last event");
         }
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let ttft = first_token.map_or(elapsed, |t| t.as_secs_f64());
-    let decode_tokens_per_s = if completion.tokens.len() > 1 && elapsed > ttft {
-        (completion.tokens.len() - 1) as f64 / (elapsed - ttft)
-    } else {
-        0.0
+    let elapsed_s = started.elapsed().as_secs_f64();
+    Ok(Streamed {
+        completion,
+        ttft_s: first_token.map_or(elapsed_s, |t| t.as_secs_f64()),
+        elapsed_s,
+    })
+}
+
+/// `--json`: one line with the local path's keys and the client's timings.
+fn print_json(streamed: Streamed, model: String, base: &str) -> anyhow::Result<()> {
+    let decode_tokens_per_s = streamed.decode_tokens_per_s();
+    let Streamed {
+        completion,
+        ttft_s,
+        elapsed_s,
+    } = streamed;
+    let text = (!completion.text.is_empty() || completion.tokens.is_empty())
+        .then(|| completion.text.clone());
+    let out = JsonOutput {
+        model,
+        url: base.to_owned(),
+        prompt_tokens: completion
+            .prompt_tokens
+            .unwrap_or(completion.prompt_token_ids.len()),
+        prompt_token_ids: completion.prompt_token_ids,
+        tokens: completion.tokens,
+        text,
+        finish_reason: completion
+            .finish_reason
+            .unwrap_or_else(|| "unknown".to_owned()),
+        ttft_s,
+        elapsed_s,
+        decode_tokens_per_s,
     };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    Ok(())
+}
+
+/// After the streamed text: the ids when there was no text, then the counts and timings
+/// on stderr.
+fn print_summary(streamed: &Streamed, base: &str) -> anyhow::Result<()> {
+    let completion = &streamed.completion;
+    let mut stdout = std::io::stdout().lock();
+    if completion.text.is_empty() && !completion.tokens.is_empty() {
+        // A model served without a tokenizer: the ids, as the local path prints them.
+        let ids: Vec<String> = completion.tokens.iter().map(u32::to_string).collect();
+        write!(stdout, "{}", ids.join(","))?;
+    }
+    writeln!(stdout)?;
+    stdout.flush()?;
     let prompt_tokens = completion
         .prompt_tokens
         .unwrap_or(completion.prompt_token_ids.len());
-    let finish_reason = completion
-        .finish_reason
-        .clone()
-        .unwrap_or_else(|| "unknown".to_owned());
-    if args.json {
-        let text = (!completion.text.is_empty() || completion.tokens.is_empty())
-            .then(|| completion.text.clone());
-        let out = JsonOutput {
-            model,
-            url: base,
-            prompt_tokens,
-            prompt_token_ids: completion.prompt_token_ids,
-            tokens: completion.tokens,
-            text,
-            finish_reason,
-            ttft_s: ttft,
-            elapsed_s: elapsed,
-            decode_tokens_per_s,
-        };
-        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
-    } else {
-        if completion.text.is_empty() && !completion.tokens.is_empty() {
-            // A model served without a tokenizer: the ids, as the local path prints them.
-            let ids: Vec<String> = completion.tokens.iter().map(u32::to_string).collect();
-            write!(stdout, "{}", ids.join(","))?;
-        }
-        writeln!(stdout)?;
-        stdout.flush()?;
-        eprintln!(
-            "[{prompt_tokens} prompt tokens, {} generated ({finish_reason}); first token after {:.0} ms, {decode_tokens_per_s:.1} tok/s after it, {base}]",
-            completion.tokens.len(),
-            ttft * 1e3,
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `url` without a trailing `/`, with `http://` when it names no scheme.
-pub(crate) fn base_url(url: &str) -> String {
-    let url = url.trim().trim_end_matches('/');
-    if url.contains("://") {
-        url.to_owned()
-    } else {
-        format!("http://{url}")
-    }
+    let finish_reason = completion.finish_reason.as_deref().unwrap_or("unknown");
+    eprintln!(
+        "[{prompt_tokens} prompt tokens, {} generated ({finish_reason}); first token after {:.0} ms, {:.1} tok/s after it, {base}]",
+        completion.tokens.len(),
+        streamed.ttft_s * 1e3,
+        streamed.decode_tokens_per_s(),
+    );
+    Ok(())
 }
 
 /// `GET /v1/models`.
-fn models(
-    agent: &ureq::Agent,
-    base: &str,
-    authorization: Option<&str>,
-) -> anyhow::Result<Vec<ServedModel>> {
-    let url = format!("{base}/v1/models");
-    let mut request = agent.get(&url);
-    if let Some(authorization) = authorization {
-        request = request.header("Authorization", authorization);
-    }
-    let mut response = request
-        .call()
-        .map_err(|e| anyhow!("cannot reach the server at {base} (GET {url}): {e}"))?;
-    let status = response.status().as_u16();
-    let answer: Value = response
-        .body_mut()
-        .read_json()
-        .map_err(|e| anyhow!("GET {url} answered {status} with a body that is not JSON: {e}"))?;
-    if status != 200 {
-        bail!("GET {url} answered {status}: {}", error_message(&answer));
-    }
+fn models(client: &Client) -> anyhow::Result<Vec<ServedModel>> {
+    let path = "/v1/models";
+    let answer = client.get_json(path)?;
     let data = answer["data"]
         .as_array()
-        .ok_or_else(|| anyhow!("GET {url}: no `data` list in the answer"))?;
+        .ok_or_else(|| anyhow!("GET {}: no `data` list in the answer", client.url(path)))?;
     Ok(data
         .iter()
         .filter_map(|m| {
@@ -308,14 +315,6 @@ fn models(
             })
         })
         .collect())
-}
-
-/// The message of an OpenAI error envelope, or the whole answer.
-pub(crate) fn error_message(answer: &Value) -> String {
-    match answer["error"]["message"].as_str() {
-        Some(message) => message.to_owned(),
-        None => answer.to_string(),
-    }
 }
 
 fn ids(value: &Value) -> Option<Vec<u32>> {
@@ -329,12 +328,6 @@ fn ids(value: &Value) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_get_a_scheme_and_lose_the_trailing_slash() {
-        assert_eq!(base_url("127.0.0.1:8000/"), "http://127.0.0.1:8000");
-        assert_eq!(base_url("https://h:1"), "https://h:1");
-    }
 
     #[test]
     fn completion_and_chat_chunks_build_the_completion() {
@@ -364,13 +357,5 @@ mod tests {
         let message = c.add(&error.to_string()).unwrap_err().to_string();
         assert!(message.contains("shard 1 died"), "{message}");
         assert!(c.add("{not json").is_err());
-    }
-
-    #[test]
-    fn error_envelopes_give_their_message() {
-        let envelope =
-            json!({"error": {"message": "no model `x`", "type": "invalid_request_error"}});
-        assert_eq!(error_message(&envelope), "no model `x`");
-        assert_eq!(error_message(&json!({"detail": 1})), r#"{"detail":1}"#);
     }
 }

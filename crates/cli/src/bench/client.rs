@@ -10,22 +10,15 @@
 //! sends one token per chunk, as vLLM, llama.cpp and Tessera do); without usage each chunk
 //! counts as one token.
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use super::args::{BenchConfig, Endpoint};
-use super::sse::{SseEvent, SseParser, StreamChunk, read_chunk};
 use super::stats::RequestTimings;
 use super::workload::{Prompt, RequestSpec};
-use crate::remote::error_message;
-
-/// How long connecting may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The most bytes of an error answer kept: enough for any JSON error envelope.
-const ERROR_BODY_LIMIT_BYTES: u64 = 64 * 1024;
+use crate::http::sse::{SseEvent, SseStream, StreamChunk, read_chunk};
+use crate::http::{self, CONNECT_TIMEOUT, ClientOptions, PostError, error_message};
 
 /// Longest error message kept from a body that is not an error envelope.
 const ERROR_TEXT_CHARS: usize = 200;
@@ -45,11 +38,9 @@ pub type Outcome = Result<Finished, String>;
 /// Sends requests to one server; shared by every worker thread.
 #[derive(Debug)]
 pub struct Client {
-    agent: ureq::Agent,
-    base: String,
+    http: http::Client,
     model: String,
     endpoint: Endpoint,
-    authorization: Option<String>,
     stream: bool,
     temperature: f64,
     ignore_eos: bool,
@@ -69,21 +60,17 @@ pub struct ClientSettings {
 impl Client {
     /// A client for `settings.base`; `model` is filled in by [`Client::resolve_model`].
     pub fn new(settings: ClientSettings, config: &BenchConfig) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(config.request_timeout))
+        let options = ClientOptions {
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            request_timeout: Some(config.request_timeout),
             // One kept-alive connection per worker, so no request pays for a new one.
-            .max_idle_connections(config.mode.max_in_flight() + 1)
-            .max_idle_connections_per_host(config.mode.max_in_flight() + 1)
-            .build()
-            .into();
+            idle_connections: Some(config.mode.max_in_flight() + 1),
+            ..ClientOptions::default()
+        };
         Self {
-            agent,
-            base: settings.base,
+            http: http::Client::new(&settings.base, settings.api_key, options),
             model: String::new(),
             endpoint: settings.endpoint,
-            authorization: settings.api_key.map(|key| format!("Bearer {key}")),
             stream: config.stream,
             temperature: settings.temperature,
             ignore_eos: settings.ignore_eos,
@@ -105,25 +92,15 @@ impl Client {
     }
 
     fn first_model(&self) -> anyhow::Result<String> {
-        let url = format!("{}/v1/models", self.base);
-        let mut request = self.agent.get(&url);
-        if let Some(authorization) = &self.authorization {
-            request = request.header("Authorization", authorization);
-        }
-        let mut response = request.call().map_err(|e| {
-            anyhow::anyhow!("cannot reach the server at {} (GET {url}): {e}", self.base)
-        })?;
-        let status = response.status().as_u16();
-        let answer: Value = response.body_mut().read_json().map_err(|e| {
-            anyhow::anyhow!("GET {url} answered {status} with a body that is not JSON: {e}")
-        })?;
-        if status != 200 {
-            anyhow::bail!("GET {url} answered {status}: {}", error_message(&answer));
-        }
+        let path = "/v1/models";
+        let answer = self.http.get_json(path)?;
         answer["data"][0]["id"]
             .as_str()
             .map(str::to_owned)
-            .ok_or_else(|| anyhow::anyhow!("GET {url} lists no model; pass --model NAME"))
+            .ok_or_else(|| {
+                let url = self.http.url(path);
+                anyhow::anyhow!("GET {url} lists no model; pass --model NAME")
+            })
     }
 
     /// The request body for `spec`.
@@ -160,26 +137,13 @@ impl Client {
 
     /// Sends one request and times it. Never panics on what the server answers.
     pub fn send(&self, spec: &RequestSpec) -> Outcome {
-        let url = format!("{}{}", self.base, self.endpoint.path());
+        let path = self.endpoint.path();
         let body = self.body(spec);
-        let mut request = self.agent.post(&url);
-        if let Some(authorization) = &self.authorization {
-            request = request.header("Authorization", authorization);
-        }
         let started = Instant::now();
-        let mut response = request
-            .send_json(&body)
-            .map_err(|e| format!("POST {url} failed: {e}"))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            let text = response
-                .body_mut()
-                .with_config()
-                .limit(ERROR_BODY_LIMIT_BYTES)
-                .read_to_string()
-                .unwrap_or_default();
-            return Err(format!("HTTP {status}: {}", error_text(&text)));
-        }
+        let mut response = self.http.post(path, &body).map_err(|error| match error {
+            PostError::Unreachable(e) => format!("POST {} failed: {e}", self.http.url(path)),
+            PostError::Status { status, body } => format!("HTTP {status}: {}", error_text(&body)),
+        })?;
         if !self.stream {
             let answer: Value = response
                 .body_mut()
@@ -187,33 +151,24 @@ impl Client {
                 .map_err(|e| format!("the answer is not JSON: {e}"))?;
             return read_whole(&answer, started.elapsed(), spec.prompt_tokens_estimate);
         }
-        let mut reader = response.into_body().into_reader();
-        let mut parser = SseParser::default();
+        let mut stream = SseStream::new(response.into_body().into_reader());
         let mut timeline = StreamTimeline::default();
-        let mut buffer = [0u8; 16 * 1024];
         let e2e = loop {
-            let read = reader
-                .read(&mut buffer)
-                .map_err(|e| format!("reading the stream failed: {e}"));
-            let now = Instant::now();
-            match read? {
-                0 => {
-                    if let Some(event) = parser.finish() {
-                        timeline.event(&event, now - started)?;
-                    }
-                    break now - started;
-                }
-                n => {
-                    for event in parser.push(&buffer[..n]) {
-                        timeline.event(&event, now - started)?;
-                    }
-                    if timeline.done {
-                        // Read the body's end too, so the connection can serve the next
-                        // request; the request itself ended with `[DONE]`.
-                        let _ = std::io::copy(&mut reader, &mut std::io::sink());
-                        break now - started;
-                    }
-                }
+            let read = stream
+                .read()
+                .map_err(|e| format!("reading the stream failed: {e}"))?;
+            let at = read.at - started;
+            for event in &read.events {
+                timeline.event(event, at)?;
+            }
+            if read.ended {
+                break at;
+            }
+            if timeline.done {
+                // Read the body's end too, so the connection can serve the next request;
+                // the request itself ended with `[DONE]`.
+                stream.drain();
+                break at;
             }
         };
         timeline.finish(e2e, spec.prompt_tokens_estimate)

@@ -5,7 +5,7 @@
 //!
 //! - [`args`]: the flags and the validated [`args::BenchConfig`].
 //! - [`workload`]: each request's prompt and lengths, a pure function of seed and index.
-//! - [`client`]: one timed request (streamed with [`sse`], or whole).
+//! - [`client`]: one timed request (streamed with [`crate::http::sse`], or whole).
 //! - [`driver`]: the closed loop (`--concurrency`) or open loop (`--rate`) of worker threads.
 //! - [`stats`]: percentiles and the run's summary, pure.
 //! - [`report`]: the table on stdout and the JSON of `--json`.
@@ -17,7 +17,6 @@ mod args;
 mod client;
 mod driver;
 mod report;
-pub(crate) mod sse;
 mod stats;
 mod workload;
 
@@ -34,7 +33,7 @@ use client::{Client, ClientSettings, Outcome};
 use report::{Report, RunInfo};
 use workload::Workload;
 
-use crate::remote::base_url;
+use crate::http::{api_key, base_url};
 
 /// Runs the benchmark `args` describe. Fails when no measured request succeeded.
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -49,15 +48,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         None => Workload::synthetic(args.seed, args.prompt_tokens, args.output_tokens),
     };
     let base = base_url(&args.url);
-    // Flag, then TESSERA_API_KEY (through clap), then OpenAI's usual variable.
-    let api_key = args
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("OPENAI_API_KEY").ok())
-        .filter(|key| !key.is_empty());
     let settings = ClientSettings {
         base: base.clone(),
-        api_key,
+        api_key: api_key(args.api_key.as_deref()),
         endpoint: args.endpoint,
         temperature: args.temperature,
         ignore_eos: args.ignore_eos,

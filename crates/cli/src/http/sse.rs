@@ -1,9 +1,15 @@
 //! Server-sent events as OpenAI-compatible servers stream them: a pure, incremental parser
-//! (bytes in, events out, in any split across reads) and the reading of one streamed chunk.
+//! (bytes in, events out, in any split across reads), [`SseStream`], which reads a response
+//! body through it and stamps each read with the instant its bytes arrived, and the
+//! reading of one streamed chunk. `tessera generate --url` and `tessera bench` read their
+//! streams through these.
 //!
 //! The parser follows the WHATWG event-stream rules the servers use: lines end in `\n`,
 //! `\r\n` or `\r`; `data:` lines of one event join with `\n`; `event:` names it; a line
 //! starting with `:` is a comment (keep-alive pings); an empty line ends the event.
+
+use std::io::Read;
+use std::time::Instant;
 
 use serde_json::Value;
 
@@ -82,7 +88,7 @@ impl SseParser {
                 None => self.data = Some(value.to_owned()),
             },
             "event" => self.name = Some(value.to_owned()),
-            _ => {} // `id`, `retry` and unknown fields mean nothing to a benchmark.
+            _ => {} // `id`, `retry` and unknown fields mean nothing to these clients.
         }
         None
     }
@@ -91,6 +97,62 @@ impl SseParser {
         let name = self.name.take();
         let data = self.data.take()?;
         Some(SseEvent { name, data })
+    }
+}
+
+/// Bytes asked for per read: a read returns what has arrived, and 16 KiB holds many
+/// chunks, so a fast stream still takes one read per burst.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// A response body read as [`SseEvent`]s.
+#[derive(Debug)]
+pub struct SseStream<R> {
+    body: R,
+    parser: SseParser,
+    buffer: Vec<u8>,
+}
+
+/// What one read of an [`SseStream`] gave.
+#[derive(Debug)]
+pub struct SseRead {
+    /// The events the bytes read complete, in order.
+    pub events: Vec<SseEvent>,
+    /// When the read returned: the arrival of these events' last bytes.
+    pub at: Instant,
+    /// The body ended with this read (its events include one left without its empty
+    /// line); later reads give nothing.
+    pub ended: bool,
+}
+
+impl<R: Read> SseStream<R> {
+    pub fn new(body: R) -> Self {
+        Self {
+            body,
+            parser: SseParser::default(),
+            buffer: vec![0; READ_BUFFER_BYTES],
+        }
+    }
+
+    /// Reads what has arrived (waiting for at least one byte or the end).
+    pub fn read(&mut self) -> std::io::Result<SseRead> {
+        let read = self.body.read(&mut self.buffer);
+        let at = Instant::now();
+        let n = read?;
+        let mut events = self.parser.push(&self.buffer[..n]);
+        if n == 0 {
+            events.extend(self.parser.finish());
+        }
+        Ok(SseRead {
+            events,
+            at,
+            ended: n == 0,
+        })
+    }
+
+    /// Reads the rest of the body and drops it, so that the connection can serve the next
+    /// request. Errors are ignored: the events wanted have been read.
+    pub fn drain(&mut self) {
+        let _ = std::io::copy(&mut self.body, &mut std::io::sink());
     }
 }
 
@@ -142,11 +204,7 @@ pub fn read_chunk(event: &SseEvent) -> StreamChunk {
         return StreamChunk::Error(data.to_owned());
     }
     let choice = &value["choices"][0];
-    let text = choice["text"]
-        .as_str()
-        .or_else(|| choice["delta"]["content"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let text = choice_text(choice).to_owned();
     let usage = &value["usage"];
     let usage = match (
         usage["prompt_tokens"].as_u64(),
@@ -161,6 +219,15 @@ pub fn read_chunk(event: &SseEvent) -> StreamChunk {
         usage,
         finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
     }
+}
+
+/// The text a chunk's choice adds: `text` for a completion, `delta.content` for a chat;
+/// empty when it has neither.
+pub fn choice_text(choice: &Value) -> &str {
+    choice["text"]
+        .as_str()
+        .or_else(|| choice["delta"]["content"].as_str())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -193,6 +260,23 @@ mod tests {
         let mut parser = SseParser::default();
         let events: Vec<SseEvent> = body.bytes().flat_map(|b| parser.push(&[b])).collect();
         assert_eq!(events.len(), 3);
+    }
+
+    #[test]
+    fn a_stream_gives_its_events_then_its_end() {
+        let body = "data: {\"a\":1}\n\ndata: [DONE]";
+        let mut stream = SseStream::new(body.as_bytes());
+        let first = stream.read().expect("read");
+        assert_eq!(
+            (first.events, first.ended),
+            (vec![data("{\"a\":1}")], false)
+        );
+        // The last event has no empty line: the end of the body completes it.
+        let last = stream.read().expect("read");
+        assert_eq!((last.events, last.ended), (vec![data("[DONE]")], true));
+        assert!(last.at >= first.at);
+        let after = stream.read().expect("read");
+        assert!(after.events.is_empty() && after.ended);
     }
 
     #[test]
