@@ -112,6 +112,25 @@ fn missing_certificates_say_how_to_make_them() {
     assert!(err.contains("tessera certs init"), "{err}");
 }
 
+/// What a shard of a one-rank group on `cuda:0` prints when it exits at start.
+fn cuda_shard_error() -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t = topology_with(dir.path(), 1, "cuda:0");
+    let err = fails(&[
+        "--topology",
+        t.to_str().expect("utf-8 path"),
+        "--group",
+        "g",
+        "--rank",
+        "0",
+        "--certs",
+        "/x",
+    ]);
+    assert!(err.contains("cuda:0"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
 /// A shard asked for `cuda:0` where there is no NVIDIA driver says so and exits, before
 /// it reads any weights or connects anywhere.
 #[cfg(feature = "cuda")]
@@ -121,24 +140,11 @@ fn a_cuda_device_without_a_driver_is_a_clear_error() {
         eprintln!("SKIPPED: this machine has a CUDA driver");
         return;
     }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let t = topology_with(dir.path(), 1, "cuda:0");
-    let err = fails(&[
-        "--topology",
-        t.to_str().expect("utf-8 path"),
-        "--group",
-        "g",
-        "--rank",
-        "0",
-        "--certs",
-        "/x",
-    ]);
-    assert!(err.contains("cuda:0"), "{err}");
+    let err = cuda_shard_error();
     assert!(
         err.contains("no CUDA driver: libcuda.so was not found"),
         "{err}"
     );
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 /// A shard built without the `cuda` feature, asked for `cuda:0`, says that this build
@@ -146,19 +152,6 @@ fn a_cuda_device_without_a_driver_is_a_clear_error() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn a_cuda_device_in_a_build_without_cuda_is_a_clear_error() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let t = topology_with(dir.path(), 1, "cuda:0");
-    let err = fails(&[
-        "--topology",
-        t.to_str().expect("utf-8 path"),
-        "--group",
-        "g",
-        "--rank",
-        "0",
-        "--certs",
-        "/x",
-    ]);
-    assert!(err.contains("cuda:0"), "{err}");
+    let err = cuda_shard_error();
     assert!(err.contains("built without CUDA support"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
 }
