@@ -95,6 +95,20 @@ pub enum Op {
     Connect,
 }
 
+impl Op {
+    /// The operation's number in the host backends' frames and round headers, where ranks
+    /// check that they all made the same call.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            Op::AllReduce => 1,
+            Op::AllGather => 2,
+            Op::Broadcast => 3,
+            Op::Barrier => 4,
+            Op::Connect => 5,
+        }
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

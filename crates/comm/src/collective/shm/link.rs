@@ -58,7 +58,7 @@ pub(super) struct Link {
 /// What a rank declares for one round; must agree across ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Meta {
-    /// [`op_code`], with a broadcast's root in bits 8.. .
+    /// [`Op::code`], with a broadcast's root in bits 8.. .
     pub(super) code: u32,
     pub(super) chunk_len: u32,
     pub(super) total_len: u32,
@@ -76,16 +76,6 @@ fn reached(x: u32, target: u32) -> bool {
 }
 
 /// The number a round's [`Meta`] carries for `op`; [`op_name`] reads it back.
-pub(super) fn op_code(op: Op) -> u32 {
-    match op {
-        Op::AllReduce => 1,
-        Op::AllGather => 2,
-        Op::Broadcast => 3,
-        Op::Barrier => 4,
-        Op::Connect => 5,
-    }
-}
-
 /// How a mismatch report names the call behind a meta's `code`.
 fn op_name(code: u32) -> String {
     let op = match code & 0xff {

@@ -22,7 +22,7 @@ use tessera_kernels::shm::{ShmLayout, ShmRangeError, ShmSegment};
 use tessera_topology::Rank;
 
 use super::{Collective, CollectiveConfig, CollectiveError, CollectiveStats, GroupToken, Op};
-use link::{Link, Meta, op_code};
+use link::{Link, Meta};
 use segment::{Header, MAX_WORLD, RANK_BASE, RANK_STRIDE, create, open};
 
 mod link;
@@ -186,10 +186,7 @@ impl Collective for ShmCollective {
 
     fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
         let started = Instant::now();
-        let chunks: Vec<_> = self
-            .link
-            .chunks(op_code(Op::AllReduce), data.len())
-            .collect();
+        let chunks: Vec<_> = self.link.chunks(Op::AllReduce.code(), data.len()).collect();
         for (offset, len, meta) in chunks {
             self.all_reduce_chunk(&mut data[offset..offset + len], meta, started)?;
         }
@@ -210,7 +207,7 @@ impl Collective for ShmCollective {
                 ),
             });
         }
-        let chunks: Vec<_> = self.link.chunks(op_code(Op::AllGather), m).collect();
+        let chunks: Vec<_> = self.link.chunks(Op::AllGather.code(), m).collect();
         for (offset, len, meta) in chunks {
             let part = &input[offset..offset + len];
             self.link.round(
@@ -242,7 +239,7 @@ impl Collective for ShmCollective {
             });
         }
         let is_root = root == self.link.rank;
-        let code = op_code(Op::Broadcast) | (root.0 << 8);
+        let code = Op::Broadcast.code() | (root.0 << 8);
         // A slot holds `capacity_elems` f32s, so 4× as many bytes; chunk in those units.
         let cap_bytes = self.link.capacity_elems * 4;
         let rounds = data.len().div_ceil(cap_bytes).max(1);
@@ -284,7 +281,7 @@ impl Collective for ShmCollective {
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         let started = Instant::now();
         let meta = Meta {
-            code: op_code(Op::Barrier),
+            code: Op::Barrier.code(),
             chunk_len: 0,
             total_len: 0,
         };

@@ -173,7 +173,7 @@ impl TcpRing {
         self.check_failed(op)?;
         let deadline = Instant::now() + self.config.deadline;
         let (n, me, len) = (self.world, self.rank.0 as usize, data.len());
-        let code = op_code(op);
+        let code = op.code();
         let chunk = |k: usize| (len * k / n)..(len * (k + 1) / n);
         let mut scratch = std::mem::take(&mut self.scratch);
         // Reduce-scatter: after step s, chunk (me - s - 1) holds ranks (me - s - 1 ..= me).
@@ -225,16 +225,6 @@ fn rank_of(r: usize) -> Rank {
     Rank(u32::try_from(r).unwrap_or(u32::MAX))
 }
 
-fn op_code(op: Op) -> u32 {
-    match op {
-        Op::AllReduce => 1,
-        Op::AllGather => 2,
-        Op::Broadcast => 3,
-        Op::Barrier => 4,
-        Op::Connect => 5,
-    }
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -275,7 +265,7 @@ impl Collective for TcpRing {
             let (sent, got) = (bytemuck::cast_slice(sent), bytemuck::cast_slice_mut(got));
             self.step(
                 Op::AllGather,
-                op_code(Op::AllGather),
+                Op::AllGather.code(),
                 m,
                 Some(sent),
                 Some(got),
@@ -297,7 +287,7 @@ impl Collective for TcpRing {
             });
         }
         let deadline = started + self.config.deadline;
-        let code = op_code(Op::Broadcast) | (root.0 << 8);
+        let code = Op::Broadcast.code() | (root.0 << 8);
         let (is_root, next_is_root) = (self.rank == root, self.next_rank() == root);
         // A chain from the root around the ring: receive a piece, forward it.
         let pieces = data.len().div_ceil(BROADCAST_PIECE_BYTES).max(1);
