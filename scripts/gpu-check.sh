@@ -48,11 +48,11 @@ run() {
     fi
 }
 echo "== each kernel against its CPU twin"
-run kernels-gpu test --release --offline -p tessera-kernels --test gpu -- --test-threads=1 --nocapture
+run kernels-gpu test --release --offline -p tessera-kernels --features cuda --test gpu -- --test-threads=1 --nocapture
 echo "== a one-rank NCCL group"
-run nccl-gpu test --release --offline -p tessera-comm --test nccl_gpu -- --nocapture
+run nccl-gpu test --release --offline -p tessera-comm --features nccl --test nccl_gpu -- --nocapture
 echo "== the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
-run model-gpu test --release --offline -p tessera-model --test cuda_model -- --test-threads=1 --nocapture
+run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
 echo "== a cluster with a shard on cuda:0 (the real binaries)"
 if [[ -d .gpu/bin ]]; then
     export TESSERA_BIN_DIR="$PWD/.gpu/bin"
@@ -61,4 +61,4 @@ else
 fi
 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
 echo "== decode throughput"
-run cuda-decode bench --offline -p tessera-model --bench cuda_decode --
+run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --

@@ -10,11 +10,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p .gpu
 # The test binaries of the kernels (each against its CPU twin) and of a one-rank NCCL group.
+# The GPU targets exist only with their package's feature (cuda, or nccl for comm).
 build() {
-    local package="$1" test="$2" kind="${3:-test}"
+    local package="$1" features="$2" test="$3" kind="${4:-test}"
     local profile=(--release)
     [[ "$kind" == bench ]] && profile=()  # benches build in release already
-    cargo "$kind" "${profile[@]}" --locked -p "$package" "--$kind" "$test" --no-run --message-format=json \
+    cargo "$kind" "${profile[@]}" --locked -p "$package" --features "$features" "--$kind" "$test" \
+        --no-run --message-format=json \
         | python3 -c 'import json, sys
 name = sys.argv[1]
 for line in sys.stdin:
@@ -22,11 +24,11 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == name and m.get("executable"):
         print(m["executable"])' "$test"
 }
-cp "$(build tessera-kernels gpu)" .gpu/kernels-gpu
-cp "$(build tessera-comm nccl_gpu)" .gpu/nccl-gpu
-cp "$(build tessera-model cuda_model)" .gpu/model-gpu
-cp "$(build tessera-model cuda_decode bench)" .gpu/cuda-decode
-cp "$(build tessera-tests cuda_cluster)" .gpu/cluster-gpu
+cp "$(build tessera-kernels cuda gpu)" .gpu/kernels-gpu
+cp "$(build tessera-comm nccl nccl_gpu)" .gpu/nccl-gpu
+cp "$(build tessera-model cuda cuda_model)" .gpu/model-gpu
+cp "$(build tessera-model cuda cuda_decode bench)" .gpu/cuda-decode
+cp "$(build tessera-tests "" cuda_cluster)" .gpu/cluster-gpu
 # The binaries the cluster test starts.
 cargo build --release --locked -p tessera-coordinator -p tessera-shard
 mkdir -p .gpu/bin
