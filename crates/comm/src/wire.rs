@@ -17,6 +17,10 @@
 //! most 32 times the input. Malformed input is an error, never a panic (the fuzz targets in
 //! `crates/comm/fuzz` and the stable test in `tests/wire.rs` hold this).
 //!
+//! A few values outgrow one frame: a coordinator's snapshot of its replicated state.
+//! [`encode_large`] and [`decode_large`] handle those, up to [`MAX_LARGE_BYTES`], with the
+//! same checks; the caller carries them in several frames.
+//!
 //! [`read_frame`] and [`write_frame`] work on any tokio `AsyncRead` / `AsyncWrite`, among
 //! them quinn's `RecvStream` and `SendStream`. [`split_frame`] is the same framing over a
 //! byte buffer, for callers that receive whole datagrams or buffers.
@@ -39,6 +43,10 @@ use crate::CommError;
 /// what a broken or hostile peer can make us hold per stream small, and matches the QUIC
 /// stream window (see [`crate::quic`]), which admits two full frames in flight.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
+
+/// The largest value [`encode_large`] writes and [`decode_large`] reads: a coordinator's
+/// snapshot, which its journal budget keeps far smaller.
+pub const MAX_LARGE_BYTES: usize = 1 << 30;
 
 /// Bytes of the length prefix.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -64,7 +72,8 @@ const CLAIM_RATIO: usize = 8;
 /// Decodes with the allocation limit of the smallest tier that holds the input (the limit
 /// is a const parameter in bincode, hence tiers, 4x apart): a valid message always fits,
 /// and a forged string length reserves at most 32 times the input, and never more than
-/// `CLAIM_RATIO * MAX_FRAME_BYTES`.
+/// `CLAIM_RATIO` times the input's ceiling ([`MAX_FRAME_BYTES`], or [`MAX_LARGE_BYTES`]
+/// for [`decode_large`]).
 fn decode_limited<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), DecodeError> {
     macro_rules! tiers {
         ($($bound:expr),*) => {
@@ -85,23 +94,33 @@ fn decode_limited<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), Decod
         64 << 10,
         256 << 10,
         1 << 20,
-        4 << 20
+        4 << 20,
+        MAX_FRAME_BYTES,
+        64 << 20,
+        256 << 20
     );
-    bincode::serde::decode_from_slice(bytes, config::<{ MAX_FRAME_BYTES * CLAIM_RATIO }>())
+    bincode::serde::decode_from_slice(bytes, config::<{ MAX_LARGE_BYTES * CLAIM_RATIO }>())
 }
 
 /// Encodes one message (no length prefix). Fails when the encoding exceeds
 /// [`MAX_FRAME_BYTES`], so a message no peer would accept is refused at the sender.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CommError> {
-    let bytes = bincode::serde::encode_to_vec(msg, config::<MAX_FRAME_BYTES>()).map_err(|e| {
+    encode_large(msg, MAX_FRAME_BYTES)
+}
+
+/// Encodes a value that may outgrow a frame; fails past `limit` (capped at
+/// [`MAX_LARGE_BYTES`]).
+pub fn encode_large<T: Serialize>(msg: &T, limit: usize) -> Result<Vec<u8>, CommError> {
+    let limit = limit.min(MAX_LARGE_BYTES);
+    let bytes = bincode::serde::encode_to_vec(msg, config::<MAX_LARGE_BYTES>()).map_err(|e| {
         CommError::Encode {
             message: e.to_string(),
         }
     })?;
-    if bytes.len() > MAX_FRAME_BYTES {
+    if bytes.len() > limit {
         return Err(CommError::FrameTooLarge {
             len: bytes.len() as u64,
-            limit: MAX_FRAME_BYTES,
+            limit,
         });
     }
     Ok(bytes)
@@ -113,7 +132,13 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CommError> {
 /// protocol's ceiling. Input longer than the limit, a malformed message and bytes left
 /// over after the message are errors.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, CommError> {
-    let limit = limit.min(MAX_FRAME_BYTES);
+    decode_large(bytes, limit.min(MAX_FRAME_BYTES))
+}
+
+/// [`decode`] for a value that may outgrow a frame: `limit` is capped at
+/// [`MAX_LARGE_BYTES`].
+pub fn decode_large<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, CommError> {
+    let limit = limit.min(MAX_LARGE_BYTES);
     if bytes.len() > limit {
         return Err(CommError::FrameTooLarge {
             len: bytes.len() as u64,

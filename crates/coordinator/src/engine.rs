@@ -107,6 +107,12 @@ pub trait Engine: Send + Sync + 'static {
     /// Every group and shard, for `/v1/cluster` and the status page.
     fn status(&self) -> ClusterStatus;
 
+    /// Whether the engine still works: `Err` names what stopped (a coordinator peer's
+    /// Raft). `/health` answers 503 then.
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Journaled request `id` again: `None` when the journal does not hold it (never
     /// accepted, or expired). Engines without a journal hold nothing.
     fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {

@@ -54,6 +54,15 @@ pub enum CoordinatorError {
     StreamEndedEarly,
 
     // Leadership and the request journal.
+    #[error(
+        "the request journal is full: {open} requests still running hold {open_bytes} of its \
+         {budget} bytes; retry later"
+    )]
+    JournalFull {
+        open: u64,
+        open_bytes: u64,
+        budget: u64,
+    },
     #[error("this coordinator peer ({me}) is not the leader; peer {leader} at http://{http} is")]
     NotLeader {
         me: PeerId,
@@ -138,6 +147,7 @@ impl CoordinatorError {
         use CoordinatorError as E;
         match self {
             E::QueuesFull { .. } | E::QueueFull { .. } => ErrorClass::CapacityExhausted,
+            E::JournalFull { .. } => ErrorClass::Unavailable,
             E::StreamEndedEarly => ErrorClass::Internal,
             E::NotReady { .. }
             | E::Fenced { .. }

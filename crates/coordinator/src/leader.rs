@@ -11,6 +11,7 @@
 //! reconnects reads the request's tail from any token offset on
 //! ([`Engine::resume`](crate::engine::Engine::resume)).
 
+mod bounds;
 mod engine;
 mod journal;
 
@@ -37,10 +38,8 @@ pub const JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a request waits for an election under way before it is refused.
 pub const ELECTION_WAIT: Duration = Duration::from_secs(3);
-/// How long finished requests stay in the journal (for late reconnects).
-pub const RETENTION: Duration = Duration::from_secs(600);
-/// How often the leader drops finished requests older than [`RETENTION`].
-const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+pub use bounds::{JournalBudget, JournalLimits, Reservation};
 
 /// This peer's place in the coordinator group; cheap to clone.
 #[derive(Clone, Debug)]
@@ -50,6 +49,7 @@ pub struct Leadership {
     topology: Arc<Topology>,
     leading: Arc<RwLock<Option<Leading>>>,
     tails: Tails,
+    budget: JournalBudget,
 }
 
 #[derive(Clone, Debug)]
@@ -85,9 +85,11 @@ impl Leadership {
         node: NodeHandle,
         topology: Arc<Topology>,
         limits: Limits,
+        journal: JournalLimits,
         announce: Announce,
     ) -> Leadership {
         let this = Leadership {
+            budget: JournalBudget::new(node.clone(), journal),
             me,
             node,
             topology,
@@ -96,7 +98,8 @@ impl Leadership {
         };
         tokio::spawn(this.clone().follow_role(limits));
         tokio::spawn(this.clone().announce(announce));
-        tokio::spawn(this.clone().expire());
+        tokio::spawn(this.clone().prune_by_age());
+        tokio::spawn(bounds::export_usage(this.node.clone(), journal.budget));
         this
     }
 
@@ -387,22 +390,6 @@ impl Leadership {
                 Err(crate::replication::node::ProposalError::Stopped) => return,
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-        }
-    }
-
-    /// While leading, drops finished requests past their retention now and then.
-    async fn expire(self) {
-        let mut every = tokio::time::interval(EXPIRE_EVERY);
-        loop {
-            every.tick().await;
-            if self.leading().is_none() {
-                continue;
-            }
-            let before_ms = now_ms().saturating_sub(RETENTION.as_millis() as u64);
-            let _ = self
-                .node
-                .propose(Command::Expire { before_ms }, JOURNAL_TIMEOUT)
-                .await;
         }
     }
 }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
@@ -19,14 +19,14 @@ use tessera_comm::quic;
 use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
 use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::Limits;
-use tessera_coordinator::leader::{Announce, Leadership};
+use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
 use tessera_coordinator::replication::transport::{self, Addresses};
 use tessera_coordinator::replication::{LogStore, log, node, peer::Peer};
 use tessera_coordinator::{metrics, server};
 use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
 use tessera_topology::{CoordinatorPeer, PeerId, Topology};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// A Tessera coordinator peer.
 #[derive(Debug, Parser)]
@@ -63,6 +63,30 @@ struct Args {
     /// The Raft log and snapshots: the topology's `data_dir` of this peer by default.
     #[arg(long, env = "TESSERA_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// MiB the replicated request journal may hold (a running request is counted at its
+    /// largest: prompt plus max_tokens). New requests past it get 503 and `Retry-After`
+    /// while running ones fill it. Every peer should have the same.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    journal_budget_mib: u64,
+    /// Seconds finished requests stay in the journal, for clients that reconnect late
+    /// (fewer when the budget needs their room).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    journal_retention: u64,
+    /// Seconds a request may stay open in the journal before it is dropped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    journal_open_ttl: u64,
+}
+
+impl Args {
+    fn journal_limits(&self) -> anyhow::Result<JournalLimits> {
+        let limits = JournalLimits {
+            budget: self.journal_budget_mib.saturating_mul(1 << 20),
+            retention: Duration::from_secs(self.journal_retention),
+            open_ttl: Duration::from_secs(self.journal_open_ttl),
+        };
+        limits.check().map_err(|e| anyhow!("--journal-*: {e}"))?;
+        Ok(limits)
+    }
 }
 
 fn main() -> ExitCode {
@@ -86,6 +110,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let journal_limits = args.journal_limits()?;
     let api_keys = ApiKeys::new(args.api_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
@@ -104,6 +129,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let data_dir = args.data_dir.unwrap_or_else(|| me.data_dir.clone());
     let node = start_raft(&topology, &me, &data_dir, args.join, &endpoint)?;
+    tokio::spawn(fail_stop(node.clone()));
     let topology = Arc::new(topology);
     let announce = Announce {
         http: args
@@ -117,6 +143,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         node.clone(),
         Arc::clone(&topology),
         Limits::default(),
+        journal_limits,
         announce,
     );
     tokio::spawn(server::accept_loop(
@@ -146,6 +173,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
     info!("stopped");
     Ok(())
 }
+
+/// Exits the process when its Raft peer stops on its own (its store failed): a peer
+/// without Raft must not live on answering requests, and a supervisor restarts it from
+/// what its data dir holds.
+async fn fail_stop(node: node::NodeHandle) {
+    let mut failure = node.failure();
+    let Ok(reason) = failure.wait_for(Option::is_some).await.map(|r| r.clone()) else {
+        return;
+    };
+    let reason = reason.unwrap_or_default();
+    error!(reason, "the raft peer stopped: exiting");
+    eprintln!(
+        "error: this coordinator peer's Raft stopped ({reason}); exiting so that it restarts \
+         from its data dir"
+    );
+    std::process::exit(RAFT_STOPPED_EXIT);
+}
+
+/// The exit status of a peer whose Raft stopped (sysexits' EX_SOFTWARE).
+const RAFT_STOPPED_EXIT: i32 = 70;
 
 /// This process's entry in the topology's `[[coordinator]]` list.
 fn this_peer(topology: &Topology, peer: PeerId) -> anyhow::Result<CoordinatorPeer> {

@@ -38,6 +38,17 @@ pub const PREFIX_CACHE_HIT_TOKENS: &str = "tessera_prefix_cache_hit_tokens_total
 /// Tokens computed per step (prompt chunks + decodes) (histogram).
 pub const STEP_TOKENS: &str = "tessera_scheduler_step_tokens";
 
+/// Requests in the replicated journal, open or finished (gauge).
+pub const JOURNAL_ENTRIES: &str = "tessera_journal_entries";
+/// Requests in the journal not finished yet (gauge).
+pub const JOURNAL_OPEN_ENTRIES: &str = "tessera_journal_open_entries";
+/// Bytes the journal counts, an open request at its largest (gauge).
+pub const JOURNAL_BYTES: &str = "tessera_journal_bytes";
+/// The journal's budget (gauge).
+pub const JOURNAL_BUDGET_BYTES: &str = "tessera_journal_budget_bytes";
+/// Requests refused because open requests filled the journal's budget (counter).
+pub const JOURNAL_REFUSED: &str = "tessera_journal_refused_total";
+
 /// From accepting a request to its first sampled token, per choice (histogram).
 pub const API_TIME_TO_FIRST_TOKEN_SECONDS: &str = "tessera_api_time_to_first_token_seconds";
 /// Between two tokens of one choice (histogram).

@@ -20,6 +20,20 @@ async fn health_is_ok() {
     assert_eq!(reply.body, json!({"status": "ok"}));
 }
 
+/// An engine that stopped (a peer whose Raft stopped) fails the health probe, so that a
+/// supervisor restarts the process; before, `/health` said 200 all the while.
+#[tokio::test]
+async fn health_fails_once_the_engine_has_stopped() {
+    let engine = Arc::new(MockEngine {
+        stopped: Some("the raft peer stopped: disk full".into()),
+        ..MockEngine::with(Reply::EchoPrompt(1))
+    });
+    let reply = get(app(engine), "/health").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["status"], "failed");
+    assert_eq!(reply.body["reason"], "the raft peer stopped: disk full");
+}
+
 #[tokio::test]
 async fn ready_follows_the_engine() {
     let reply = get(app(MockEngine::new(Reply::EchoPrompt(1))), "/ready").await;
@@ -587,8 +601,11 @@ async fn engine_errors_map_by_class() {
         let got = assert_error(&reply, status, error_type, None);
         assert_eq!(got, message, "the engine's message is passed through");
         let retry_after = reply.headers.get(header::RETRY_AFTER);
-        if class == ErrorClass::CapacityExhausted {
-            assert_eq!(retry_after.unwrap(), "1");
+        if matches!(
+            class,
+            ErrorClass::CapacityExhausted | ErrorClass::Unavailable
+        ) {
+            assert_eq!(retry_after.unwrap(), "1", "{class:?}");
         } else {
             assert!(retry_after.is_none(), "{class:?}");
         }

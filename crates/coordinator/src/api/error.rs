@@ -13,7 +13,7 @@
 //! | `CapacityExhausted` | 429    | `overloaded_error`          | engine queues full; `Retry-After: 1` |
 //! | `Cancelled`         | 499    | `cancelled_error`           | engine cancelled the sequence       |
 //! | `Internal`          | 500    | `server_error`              | bugs, tokenizer failures            |
-//! | `Unavailable`       | 503    | `service_unavailable_error` | no ready group, shard lost          |
+//! | `Unavailable`       | 503    | `service_unavailable_error` | no ready group, shard lost, no leader, journal full; `Retry-After: 1` |
 //! | `DeadlineExceeded`  | 504    | `timeout_error`             | a step or collective missed its deadline |
 //!
 //! The 4xx types and `server_error` are OpenAI's own; OpenAI has no names for the others, so
@@ -96,9 +96,10 @@ const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
     Err(_) => StatusCode::BAD_REQUEST,
 };
 
-/// Seconds a client should wait before retrying a 429: the scheduler's queues drain in
-/// steps of tens of milliseconds, so one second is long enough to find room and short
-/// enough not to idle a freed slot.
+/// Seconds a client should wait before retrying a 429 or a 503: the scheduler's queues
+/// drain in steps of tens of milliseconds and an election takes about a second, so one
+/// second is long enough to find room or a leader and short enough not to idle a freed
+/// slot.
 const RETRY_AFTER_SECONDS: &str = "1";
 
 /// A failed API request; its response is the OpenAI error envelope.
@@ -233,7 +234,10 @@ impl IntoResponse for ApiError {
             );
         }
         let mut response = (status, Json(self.envelope())).into_response();
-        if self.kind == ApiErrorKind::CapacityExhausted {
+        if matches!(
+            self.kind,
+            ApiErrorKind::CapacityExhausted | ApiErrorKind::Unavailable
+        ) {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECONDS),

@@ -4,7 +4,8 @@
 //! engine that runs validated requests. The API validates and tokenizes; nothing it hands
 //! the engine is raw input. Routes:
 //!
-//! - `GET /health`: the process is alive (`{"status": "ok"}`).
+//! - `GET /health`: the process is alive and its engine works (`{"status": "ok"}`); 503
+//!   with `{"status": "failed", "reason"}` once the engine has stopped (a peer's Raft).
 //! - `GET /ready`: 200 when every served model has a group ready to step, else 503; the body
 //!   lists each model.
 //! - `GET /v1/models`, `GET /v1/models/{model}`: OpenAI model objects, with vLLM's
@@ -196,8 +197,14 @@ async fn trace_request(request: Request, next: Next) -> Response {
     .await
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn health(State(state): State<Arc<ApiState>>) -> Response {
+    match state.engine.live() {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(reason) => {
+            let body = json!({"status": "failed", "reason": reason});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
 }
 
 #[derive(Serialize)]

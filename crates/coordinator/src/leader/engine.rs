@@ -30,12 +30,16 @@ impl Engine for Leadership {
                 return Err(self.not_leader());
             };
             cluster.admission(&request.model)?;
+            let reservation = self.budget.reserve(&id, &request).await?;
             let accept = Command::Accept {
                 id: id.clone(),
                 request: request.clone(),
                 at_ms: now_ms(),
             };
-            match self.node.propose(accept, JOURNAL_TIMEOUT).await {
+            let accepted = self.node.propose(accept, JOURNAL_TIMEOUT).await;
+            // Applied (the journal counts the entry now) or not: the room is released.
+            drop(reservation);
+            match accepted {
                 Ok(applied) if applied.outcome == Outcome::Applied => {}
                 Ok(applied) => {
                     let outcome = applied.outcome;
@@ -78,6 +82,13 @@ impl Engine for Leadership {
         self.cluster().is_some_and(|c| c.ready(model))
     }
 
+    fn live(&self) -> Result<(), String> {
+        match &*self.node.failure().borrow() {
+            Some(reason) => Err(format!("the raft peer stopped: {reason}")),
+            None => Ok(()),
+        }
+    }
+
     fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
         Box::pin(async move {
             let Some(cluster) = self.cluster_soon().await else {
@@ -90,15 +101,18 @@ impl Engine for Leadership {
             };
             let tail = match (self.tails.get(&id), entry.finished) {
                 (Some(tail), _) => tail,
-                (None, Some((reason, _))) => {
-                    let end = reason.map_or(Ending::Cancelled, Ending::Finished);
+                (None, Some((Some(reason), _))) => {
                     watch::channel(Tail {
                         tokens: entry.sent.clone(),
-                        end: Some(end),
+                        end: Some(Ending::Finished(reason)),
                     })
                     .1
                 }
-                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
+                // Open, or ended without finishing (its client went away, its group
+                // failed it): it runs on from its checkpointed tokens.
+                (None, Some((None, _)) | None) => {
+                    self.continue_request(&cluster, &id, &entry).await?
+                }
             };
             Ok(Some(Resumed {
                 request: entry.request,

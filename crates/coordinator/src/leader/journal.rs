@@ -22,8 +22,11 @@ pub(super) enum Ending {
     Finished(FinishReason),
     /// Its client went away (the sequence was cancelled).
     Cancelled,
-    /// Its group failed it, or this peer stopped leading: it stays open in the journal,
-    /// for a leader to resume.
+    /// Its group failed it (a fence, which names a rank): it ends in the journal, without
+    /// a reason, like a cancelled request, so that it expires rather than stay open.
+    Failed,
+    /// Its stream ended without a verdict (this peer stopped leading, or is stopping): it
+    /// stays open in the journal, for a leader to resume.
     Interrupted,
 }
 
@@ -106,10 +109,15 @@ pub(super) async fn pump(
                     }
                 }
                 Some(Err(error)) => {
+                    let ending = if error.rank.is_some() {
+                        Ending::Failed
+                    } else {
+                        Ending::Interrupted
+                    };
                     if let Some(tx) = &client {
                         let _ = tx.send(Err(error));
                     }
-                    break Ending::Interrupted;
+                    break ending;
                 }
                 None => break Ending::Interrupted,
             },
@@ -173,7 +181,8 @@ pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
 /// Records one request's tokens and end in the journal, in order, starting after the
 /// `recorded` tokens it holds already. While one checkpoint commits, the next tokens
 /// gather, so checkpoints batch by the commit latency. An interrupted request gets no
-/// `Finish`: it stays open for a leader to resume. Its tail is dropped at the end.
+/// `Finish`: it stays open for a leader to resume (or until its time to live passes).
+/// Its tail is dropped at the end.
 pub(super) async fn write(
     node: NodeHandle,
     id: RequestId,
@@ -219,8 +228,8 @@ pub(super) async fn write(
     }
     let reason = match end {
         Some(Ending::Finished(reason)) => Some(Some(reason)),
-        Some(Ending::Cancelled) => Some(None),
-        _ => None,
+        Some(Ending::Cancelled | Ending::Failed) => Some(None),
+        Some(Ending::Interrupted) | None => None,
     };
     if let Some(reason) = reason {
         let finish = Command::Finish {
@@ -233,4 +242,74 @@ pub(super) async fn write(
         }
     }
     tails.remove(&id);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use raft::prelude::Message;
+    use tessera_comm::proto::Sampling;
+    use tessera_topology::PeerId;
+
+    use super::*;
+    use crate::engine::GenerateRequest;
+    use crate::replication::node::{self, Transport};
+    use crate::replication::peer::Peer;
+    use crate::replication::store::LogStore;
+    use crate::replication::{log, state::Journaled};
+
+    /// A lone peer needs no one to talk to.
+    struct Nowhere;
+
+    impl Transport for Nowhere {
+        fn send(&mut self, _message: Message) {}
+    }
+
+    async fn journaled_after(ending: Ending) -> Journaled {
+        let store = LogStore::in_memory("journal").expect("store");
+        let peer = Peer::start(PeerId(1), &[PeerId(1)], store, 1, &log::discard()).expect("peer");
+        let node = node::spawn(peer, Nowhere).expect("thread");
+        let request = GenerateRequest {
+            model: "m".into(),
+            prompt: vec![1, 2, 3],
+            max_tokens: 8,
+            sampling: Sampling::default(),
+            stop_token_ids: vec![2],
+            stop: Vec::new(),
+            priority: 0,
+        };
+        let accept = Command::Accept {
+            id: "r".into(),
+            request,
+            at_ms: 1,
+        };
+        let wait = Duration::from_secs(5);
+        let applied = node.propose(accept, wait).await.expect("accepted");
+        assert_eq!(applied.outcome, Outcome::Applied);
+        let (events, rx) = mpsc::unbounded_channel();
+        let _ = events.send(JournalEvent::Token(7));
+        let _ = events.send(JournalEvent::End(ending));
+        write(node.clone(), "r".into(), Vec::new(), rx, Tails::default()).await;
+        let entry = node
+            .read(|s| s.journal["r"].clone())
+            .await
+            .expect("running");
+        tokio::task::spawn_blocking(move || node.stop())
+            .await
+            .expect("stopped");
+        entry
+    }
+
+    /// A request its group failed ends in the journal (it expires with the finished
+    /// ones); before, it stayed open for good, and a later leader ran it again.
+    #[tokio::test]
+    async fn a_failed_request_ends_in_the_journal_and_an_interrupted_one_stays_open() {
+        let failed = journaled_after(Ending::Failed).await;
+        assert_eq!(failed.sent, [7]);
+        assert!(matches!(failed.finished, Some((None, _))), "{failed:?}");
+        let interrupted = journaled_after(Ending::Interrupted).await;
+        assert_eq!(interrupted.sent, [7]);
+        assert_eq!(interrupted.finished, None);
+    }
 }

@@ -2,8 +2,12 @@
 //! block the async runtime) that ticks the peer every [`TICK`], feeds it the messages and
 //! proposals that arrive, and after each hands the messages it produced to a
 //! [`Transport`]. Callers hold a [`NodeHandle`]: they propose commands and wait for them
-//! to be applied, watch the peer's role and the members and groups, and read the
-//! replicated state.
+//! to be applied, watch the peer's role, the members and groups and the journal's usage,
+//! and read the replicated state.
+//!
+//! The peer fails stop: when its store fails, or the thread panics, the driver stops and
+//! [`NodeHandle::failure`] says why, so that the process can exit and be restarted from
+//! what its store holds, rather than live on without a working Raft peer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +21,7 @@ use tokio::sync::{oneshot, watch};
 use tracing::{error, info};
 
 use super::peer::{Applied, MembershipChange, Peer, ProposalId, ProposalRefused, Role, TICK};
-use super::state::{ClusterState, Command, Summary};
+use super::state::{ClusterState, Command, JournalUsage, Summary};
 
 /// Where a peer's messages go. Sending never blocks: a transport queues, and reports a
 /// message it could not deliver through [`NodeHandle::unreachable`].
@@ -37,6 +41,9 @@ pub enum ProposalError {
     #[error("the raft peer has stopped")]
     Stopped,
 }
+
+/// The most inputs handled before the peer's Ready is processed.
+const BATCH_INPUTS: usize = 1024;
 
 enum Input {
     Raft(Message),
@@ -62,6 +69,8 @@ pub struct NodeHandle {
     role: watch::Receiver<Role>,
     summary: watch::Receiver<Arc<Summary>>,
     voters: watch::Receiver<Vec<PeerId>>,
+    journal: watch::Receiver<JournalUsage>,
+    failure: watch::Receiver<Option<String>>,
     thread: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
 }
 
@@ -141,6 +150,22 @@ impl NodeHandle {
         self.summary.clone()
     }
 
+    /// What the request journal holds, as this peer last applied it.
+    pub fn journal_usage(&self) -> JournalUsage {
+        *self.journal.borrow()
+    }
+
+    /// [`NodeHandle::journal_usage`], updated as it changes.
+    pub fn journal(&self) -> watch::Receiver<JournalUsage> {
+        self.journal.clone()
+    }
+
+    /// Why the peer stopped on its own (its store failed, its thread panicked), once it
+    /// has; `None` while it runs, and after [`NodeHandle::stop`].
+    pub fn failure(&self) -> watch::Receiver<Option<String>> {
+        self.failure.clone()
+    }
+
     /// Runs `f` on the replicated state as this peer has applied it (after every
     /// proposal this peer has seen applied); `None` when the peer has stopped. The state
     /// is not copied: the journal it holds may be large.
@@ -173,23 +198,34 @@ pub fn spawn(peer: Peer, transport: impl Transport) -> std::io::Result<NodeHandl
     let (role_tx, role) = watch::channel(peer.role());
     let (summary_tx, summary) = watch::channel(Arc::new(peer.state().summary()));
     let (voters_tx, voters) = watch::channel(peer.voters());
+    let (journal_tx, journal) = watch::channel(peer.state().journal_usage());
+    let (failure_tx, failure) = watch::channel(None);
     let name = format!("raft-{}", peer.id());
     let thread = std::thread::Builder::new().name(name).spawn(move || {
-        Driver {
+        let driver = Driver {
             peer,
             transport,
             waiting: HashMap::new(),
             role: role_tx,
             summary: summary_tx,
             voters: voters_tx,
-        }
-        .run(&rx);
+            journal: journal_tx,
+        };
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.run(&rx)));
+        let stopped = match run {
+            Ok(Ok(())) => return,
+            Ok(Err(reason)) => reason,
+            Err(_) => "its thread panicked".to_string(),
+        };
+        failure_tx.send_replace(Some(stopped));
     })?;
     Ok(NodeHandle {
         inputs,
         role,
         summary,
         voters,
+        journal,
+        failure,
         thread: Arc::new(std::sync::Mutex::new(Some(thread))),
     })
 }
@@ -201,26 +237,44 @@ struct Driver<T> {
     role: watch::Sender<Role>,
     summary: watch::Sender<Arc<Summary>>,
     voters: watch::Sender<Vec<PeerId>>,
+    journal: watch::Sender<JournalUsage>,
 }
 
 impl<T: Transport> Driver<T> {
-    fn run(mut self, inputs: &mpsc::Receiver<Input>) {
+    /// Runs until stopped (`Ok`), or until the store fails: `Err` says how.
+    fn run(mut self, inputs: &mpsc::Receiver<Input>) -> Result<(), String> {
         let mut next_tick = Instant::now() + TICK;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             match inputs.recv_timeout(wait) {
-                Ok(Input::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                Ok(input) => self.handle(input),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.peer.tick();
-                    next_tick += TICK;
+                Ok(Input::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+                Ok(input) => {
+                    self.handle(input);
+                    // What else is queued joins the same Ready: one write and one fsync
+                    // for all of it (group commit).
+                    for _ in 1..BATCH_INPUTS {
+                        match inputs.try_recv() {
+                            Ok(Input::Stop) | Err(mpsc::TryRecvError::Disconnected) => {
+                                return Ok(());
+                            }
+                            Ok(input) => self.handle(input),
+                            Err(mpsc::TryRecvError::Empty) => break,
+                        }
+                    }
                 }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            // Ticks follow the clock, however busy the inputs keep this thread.
+            let now = Instant::now();
+            if now >= next_tick {
+                self.peer.tick();
+                next_tick = (next_tick + TICK).max(now);
             }
             if let Err(e) = self.advance() {
                 // The store failed: stop taking part rather than act on a state that may
                 // not be on disk. A restart recovers from what is.
                 error!(peer = self.peer.id().0, error = %e, "raft peer stopped");
-                return;
+                return Err(e.to_string());
             }
         }
     }
@@ -280,6 +334,12 @@ impl<T: Transport> Driver<T> {
             self.voters.send_if_modified(|v| {
                 let changed = *v != voters;
                 *v = voters;
+                changed
+            });
+            let usage = self.peer.state().journal_usage();
+            self.journal.send_if_modified(|u| {
+                let changed = *u != usage;
+                *u = usage;
                 changed
             });
         }

@@ -29,7 +29,8 @@ pub const TICK: Duration = Duration::from_millis(100);
 pub const ELECTION_TICKS: usize = 10;
 /// Ticks between a leader's heartbeats.
 pub const HEARTBEAT_TICKS: usize = 1;
-/// Applied entries kept in the log before it is compacted into a snapshot.
+/// Applied entries kept in the log before it is compacted into a snapshot (at least: see
+/// [`Peer::compact_if_due`]).
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 1_000;
 /// The largest command a peer proposes or decodes from a committed entry: with a batch
 /// of `max_size_per_msg` (1 MiB) before it, a Raft message still fits one wire frame.
@@ -152,6 +153,10 @@ pub struct Peer {
     snapshot_every: u64,
     /// A membership change was applied since the last compaction.
     reconfigured: bool,
+    /// Bytes of the entries applied since the last compaction (or the start).
+    log_bytes: u64,
+    /// Bytes of the last snapshot.
+    snapshot_bytes: u64,
 }
 
 impl std::fmt::Debug for Peer {
@@ -219,6 +224,8 @@ impl Peer {
             next_seq: 0,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             reconfigured: false,
+            log_bytes: 0,
+            snapshot_bytes: snapshot.get_data().len() as u64,
         })
     }
 
@@ -401,6 +408,8 @@ impl Peer {
         let state = ClusterState::restore(snapshot.get_data())?;
         self.node.store().apply_snapshot(snapshot)?;
         self.state = state;
+        self.snapshot_bytes = snapshot.get_data().len() as u64;
+        self.log_bytes = 0;
         Ok(())
     }
 
@@ -409,6 +418,7 @@ impl Peer {
             if entry.index <= self.state.applied {
                 continue;
             }
+            self.log_bytes += entry.data.len() as u64;
             let applied = match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {
                     // A new leader's empty entry.
@@ -483,16 +493,24 @@ impl Peer {
     }
 
     /// Replaces the applied log with a snapshot once enough entries have piled up.
-    /// Compacts the log every `snapshot_every` applied entries, and at once after a
-    /// membership change: raft-rs installs a snapshot on a joining peer only when the
-    /// snapshot's configuration names it, so the leader must hold one that does.
+    /// Compacts the log after `snapshot_every` applied entries that together hold at
+    /// least half the last snapshot's bytes (so that a large journal is not written out
+    /// whole every few entries: snapshots cost at most twice the log's own writes), and
+    /// at once after a membership change: raft-rs installs a snapshot on a joining peer
+    /// only when the snapshot's configuration names it, so the leader must hold one that
+    /// does.
     fn compact_if_due(&mut self) -> Result<(), PeerError> {
         let first = self.node.store().first_index()?;
         let reconfigured = std::mem::take(&mut self.reconfigured);
-        if !reconfigured && self.state.applied + 1 < first + self.snapshot_every {
+        let entries_due = self.state.applied + 1 >= first + self.snapshot_every;
+        let bytes_due = self.log_bytes >= self.snapshot_bytes / 2;
+        let due = reconfigured || (entries_due && bytes_due);
+        if !due {
             return Ok(());
         }
         let data = self.state.snapshot()?;
+        self.snapshot_bytes = data.len() as u64;
+        self.log_bytes = 0;
         self.node.store().compact(self.state.applied, data)?;
         Ok(())
     }

@@ -5,9 +5,11 @@
 //! - groups: each group's epoch and the shards registered in it;
 //! - models: each served model's files and groups, as the leader's topology names them;
 //! - the request journal: every accepted request (its tokens, parameters and priority), the
-//!   tokens checkpointed as sent to its client, and its completion. A finished request is
-//!   dropped by [`Command::Expire`] once its retention has passed, so the journal, and with
-//!   it every snapshot, stays bounded.
+//!   tokens checkpointed as sent to its client, and its completion. The leader keeps it
+//!   within a byte budget ([`journal`]): [`Command::Prune`] drops finished requests once
+//!   their retention has passed (earlier when the journal is over its budget) and open
+//!   ones left past their time to live, so the journal, and with it every snapshot, stays
+//!   bounded.
 //!
 //! `apply` is a pure function of the state and the command: no clock, no randomness (times
 //! come inside commands, from the proposing leader), so every peer that applies the same
@@ -23,12 +25,17 @@ use tessera_topology::PeerId;
 
 use crate::engine::GenerateRequest;
 
+pub mod journal;
+
+pub use journal::JournalUsage;
+
 /// A request's id: the `id` of its response object (`cmpl-…`, `chatcmpl-…`).
 pub type RequestId = String;
 
-/// The largest snapshot a peer encodes or accepts: a frame, less room for the Raft
-/// message around it.
-pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_FRAME_BYTES - (1 << 20);
+/// The largest snapshot a peer encodes or accepts, less room for the Raft message around
+/// it. A snapshot crosses the network in frames of its own ([`super::transport`]), so it
+/// is not bounded by one frame; the journal budget keeps it far below this.
+pub const MAX_SNAPSHOT_BYTES: usize = wire::MAX_LARGE_BYTES - (1 << 20);
 
 /// One change to the replicated state, as the leader proposes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,14 +75,26 @@ pub enum Command {
         tokens: Vec<u32>,
     },
     /// The request ended (all its tokens were checkpointed before). `reason` is `None`
-    /// when it ended without finishing: its client went away, or its group failed it.
+    /// when it ended without finishing: its client went away, or its group failed it;
+    /// such a request may be resumed and end again, with a reason.
     Finish {
         id: RequestId,
         reason: Option<FinishReason>,
         at_ms: u64,
     },
-    /// Drops every request that finished before `before_ms`.
+    /// Drops every request that finished before `before_ms`. Written by earlier versions
+    /// (logs may hold it); leaders now propose [`Command::Prune`].
     Expire { before_ms: u64 },
+    /// Bounds the journal: drops every request that finished before `finished_before_ms`
+    /// and every request still open that was accepted before `open_before_ms` (one that no
+    /// leader will finish: its `Accept` committed after its proposer gave up, say), then
+    /// finished requests, earliest finished first, until the journal counts at most
+    /// `max_bytes` ([`Journaled::bytes`]). Open requests are never dropped for bytes.
+    Prune {
+        finished_before_ms: u64,
+        open_before_ms: u64,
+        max_bytes: u64,
+    },
 }
 
 /// What applying a command did. Anything but `Applied` left the state unchanged.
@@ -149,6 +168,10 @@ pub struct ClusterState {
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
     pub journal: BTreeMap<RequestId, Journaled>,
+    /// What the journal holds, kept as it changes ([`ClusterState::journal_usage`]);
+    /// recomputed from the journal on restore.
+    #[serde(skip)]
+    usage: JournalUsage,
 }
 
 /// The replicated state without its request journal (and without `applied`): small, and
@@ -242,36 +265,52 @@ impl ClusterState {
                 if self.journal.contains_key(id) {
                     return Outcome::Duplicate;
                 }
-                self.journal.insert(
-                    id.clone(),
-                    Journaled {
-                        accepted_index: index,
-                        accepted_ms: *at_ms,
-                        request: request.clone(),
-                        sent: Vec::new(),
-                        finished: None,
-                    },
-                );
+                let entry = Journaled {
+                    accepted_index: index,
+                    accepted_ms: *at_ms,
+                    request: request.clone(),
+                    sent: Vec::new(),
+                    finished: None,
+                };
+                self.usage.add(id, &entry);
+                self.journal.insert(id.clone(), entry);
                 Outcome::Applied
             }
             Command::Progress { id, offset, tokens } => {
                 let Some(entry) = self.journal.get_mut(id) else {
                     return Outcome::UnknownRequest;
                 };
-                progress(&mut entry.sent, *offset as usize, tokens)
+                self.usage.remove(id, entry);
+                let outcome = progress(&mut entry.sent, *offset as usize, tokens);
+                self.usage.add(id, entry);
+                outcome
             }
             Command::Finish { id, reason, at_ms } => {
                 let Some(entry) = self.journal.get_mut(id) else {
                     return Outcome::UnknownRequest;
                 };
-                if entry.finished.is_none() {
+                // A request that ended without a reason (cancelled, or failed by its
+                // group) may run again, resumed by its client, and then end for good.
+                if entry
+                    .finished
+                    .is_none_or(|(was, _)| was.is_none() && reason.is_some())
+                {
+                    self.usage.remove(id, entry);
                     entry.finished = Some((*reason, *at_ms));
+                    self.usage.add(id, entry);
                 }
                 Outcome::Applied
             }
             Command::Expire { before_ms } => {
-                self.journal
-                    .retain(|_, j| j.finished.is_none_or(|(_, at)| at >= *before_ms));
+                self.prune(*before_ms, 0, u64::MAX);
+                Outcome::Applied
+            }
+            Command::Prune {
+                finished_before_ms,
+                open_before_ms,
+                max_bytes,
+            } => {
+                self.prune(*finished_before_ms, *open_before_ms, *max_bytes);
                 Outcome::Applied
             }
         }
@@ -288,9 +327,14 @@ impl ClusterState {
         open
     }
 
-    /// The state as snapshot bytes.
+    /// What the journal holds: entries, open entries, and their bytes.
+    pub fn journal_usage(&self) -> JournalUsage {
+        self.usage
+    }
+
+    /// The state as snapshot bytes; refuses more than [`MAX_SNAPSHOT_BYTES`].
     pub fn snapshot(&self) -> Result<Vec<u8>, tessera_comm::CommError> {
-        wire::encode(self)
+        wire::encode_large(self, MAX_SNAPSHOT_BYTES)
     }
 
     /// The state a snapshot holds; refuses more than [`MAX_SNAPSHOT_BYTES`].
@@ -299,7 +343,9 @@ impl ClusterState {
             // The empty snapshot of a peer that has never compacted.
             return Ok(ClusterState::default());
         }
-        wire::decode(bytes, MAX_SNAPSHOT_BYTES)
+        let mut state: ClusterState = wire::decode_large(bytes, MAX_SNAPSHOT_BYTES)?;
+        state.usage = JournalUsage::of(&state.journal);
+        Ok(state)
     }
 }
 

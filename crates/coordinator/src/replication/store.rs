@@ -38,6 +38,13 @@ pub enum StoreError {
         #[source]
         source: Box<redb::Error>,
     },
+    /// The disk refused a write (full, say).
+    #[error("raft store {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("raft store {path}: a stored {what} does not decode: {source}")]
     Corrupt {
         path: String,
@@ -169,6 +176,11 @@ impl LogStore {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
+        // A full disk, for the tests of what a peer does then (feature `failpoints`).
+        fail::fail_point!("store::persist", |_| Err(StoreError::Io {
+            path: self.path.to_string(),
+            source: std::io::Error::from_raw_os_error(28),
+        }));
         let txn = self.db.begin_write().map_err(|e| self.db_error(e))?;
         {
             let mut table = txn.open_table(ENTRIES).map_err(|e| self.db_error(e))?;

@@ -4,9 +4,12 @@
 //! Outbound, one task per remote peer keeps a connection and one stream open and writes
 //! the peer's messages in order, each as a [`PeerMsg`] frame; a message it cannot write is
 //! reported to Raft as unreachable (Raft retries on its own schedule, so nothing is queued
-//! for long). Inbound, [`serve_inbound`] reads a connected peer's frames and hands its
-//! messages to the local node, after checking that each claims to come from the peer the
-//! certificate names.
+//! for long). A snapshot goes on a stream of its own, beside the others, so heartbeats and
+//! appends do not wait behind it, and a message larger than [`PART_BYTES`] (a snapshot of
+//! a large journal) crosses as several frames. Inbound, [`serve_inbound`] reads a
+//! connected peer's frames, joins a message's parts (up to [`MAX_MESSAGE_BYTES`]), and
+//! hands its messages to the local node, after checking that each claims to come from the
+//! peer the certificate names.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -23,13 +26,24 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::node::{NodeHandle, Transport, is_snapshot};
+use super::state::MAX_SNAPSHOT_BYTES;
 
 /// One frame between coordinator peers.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PeerMsg {
-    /// A Raft message, protobuf-encoded.
+    /// A Raft message, protobuf-encoded; or the last part of one, after its [`PeerMsg::Part`]s.
     Raft(Vec<u8>),
+    /// The next bytes of a Raft message too large for one frame; the message ends with a
+    /// [`PeerMsg::Raft`] frame holding its last bytes.
+    Part(Vec<u8>),
 }
+
+/// The most bytes of a Raft message one frame carries.
+pub const PART_BYTES: usize = 4 << 20;
+
+/// The largest Raft message a peer accepts: a snapshot of [`MAX_SNAPSHOT_BYTES`] and the
+/// message around it.
+pub const MAX_MESSAGE_BYTES: usize = MAX_SNAPSHOT_BYTES + (1 << 20);
 
 /// Why a Raft message did not reach its peer's stream. Raft hears of it as an unreachable
 /// peer and retries on its own schedule; the error itself is only logged.
@@ -137,6 +151,7 @@ fn unreachable(node: &NodeCell, message: &Message) {
 }
 
 /// The outbound side of one remote peer.
+#[derive(Clone)]
 struct Link {
     to: PeerId,
     endpoint: quinn::Endpoint,
@@ -147,7 +162,7 @@ struct Link {
 impl Link {
     async fn run(self, mut queue: mpsc::Receiver<Message>) {
         while let Some(first) = queue.recv().await {
-            let Some((_connection, mut send)) = self.open().await else {
+            let Some((connection, mut send)) = self.open().await else {
                 // Down or unknown: what is queued now is stale by the time it could go.
                 unreachable(&self.node, &first);
                 while let Ok(m) = queue.try_recv() {
@@ -158,7 +173,9 @@ impl Link {
             };
             let mut next = Some(first);
             while let Some(message) = next.take() {
-                if let Err(error) = self.write(&mut send, &message).await {
+                if is_snapshot(&message) {
+                    tokio::spawn(self.clone().send_snapshot(connection.clone(), message));
+                } else if let Err(error) = self.write(&mut send, &message).await {
                     debug!(to = self.to.0, %error, "raft link lost");
                     unreachable(&self.node, &message);
                     break;
@@ -185,6 +202,27 @@ impl Link {
         Some((connection, send))
     }
 
+    /// Writes `message` on a stream of its own, then reports its delivery to Raft.
+    async fn send_snapshot(self, connection: quinn::Connection, message: Message) {
+        let sent = async {
+            let (mut send, _recv) = connection.open_bi().await.ok()?;
+            self.write(&mut send, &message).await.ok()?;
+            send.finish().ok()
+        };
+        match sent.await {
+            Some(()) => {
+                if let Some(node) = self.node.get() {
+                    node.snapshot_sent(self.to);
+                }
+            }
+            None => {
+                debug!(to = self.to.0, "snapshot not sent");
+                unreachable(&self.node, &message);
+            }
+        }
+    }
+
+    /// Writes `message` as one frame, or as several when it is larger than [`PART_BYTES`].
     async fn write(
         &self,
         send: &mut quinn::SendStream,
@@ -196,18 +234,70 @@ impl Link {
                 to: self.to,
                 source,
             })?;
-        wire::write_frame(send, &PeerMsg::Raft(bytes))
+        let (last, parts) = split_parts(&bytes);
+        for part in parts {
+            self.write_frame(send, &PeerMsg::Part(part.to_vec()))
+                .await?;
+        }
+        self.write_frame(send, &PeerMsg::Raft(last.to_vec())).await
+    }
+
+    async fn write_frame(
+        &self,
+        send: &mut quinn::SendStream,
+        frame: &PeerMsg,
+    ) -> Result<(), TransportError> {
+        wire::write_frame(send, frame)
             .await
             .map_err(|source| TransportError::Write {
                 to: self.to,
                 source,
-            })?;
-        if is_snapshot(message)
-            && let Some(node) = self.node.get()
-        {
-            node.snapshot_sent(self.to);
+            })
+    }
+}
+
+/// A message's bytes as the frames that carry it: the last piece, and the
+/// [`PART_BYTES`]-long parts before it (none for a message that fits one frame).
+fn split_parts(bytes: &[u8]) -> (&[u8], impl Iterator<Item = &[u8]>) {
+    let whole = bytes.len().saturating_sub(1) / PART_BYTES * PART_BYTES;
+    let (parts, last) = bytes.split_at(whole);
+    (last, parts.chunks(PART_BYTES))
+}
+
+/// Joins the frames of one Raft message, up to `limit` bytes.
+#[derive(Debug)]
+struct Joiner {
+    parts: Vec<u8>,
+    limit: usize,
+}
+
+impl Joiner {
+    fn new(limit: usize) -> Joiner {
+        Joiner {
+            parts: Vec::new(),
+            limit,
         }
-        Ok(())
+    }
+
+    /// Takes one frame; the whole message once `frame` is its last.
+    fn push(&mut self, frame: PeerMsg) -> Result<Option<Vec<u8>>, String> {
+        let (bytes, last) = match frame {
+            PeerMsg::Part(bytes) => (bytes, false),
+            PeerMsg::Raft(bytes) => (bytes, true),
+        };
+        if self.parts.len() + bytes.len() > self.limit {
+            return Err(format!("a raft message of more than {} bytes", self.limit));
+        }
+        if !last {
+            self.parts.extend_from_slice(&bytes);
+            return Ok(None);
+        }
+        if self.parts.is_empty() {
+            return Ok(Some(bytes));
+        }
+        let mut whole = std::mem::take(&mut self.parts);
+        whole.extend_from_slice(&bytes);
+        Ok(Some(whole))
     }
 }
 
@@ -216,13 +306,22 @@ pub async fn serve_inbound(connection: quinn::Connection, from: PeerId, node: No
     while let Ok((_send, mut recv)) = connection.accept_bi().await {
         let node = node.clone();
         tokio::spawn(async move {
+            let mut joiner = Joiner::new(MAX_MESSAGE_BYTES);
             loop {
                 let frame = wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await;
-                let bytes = match frame {
-                    Ok(Some(PeerMsg::Raft(bytes))) => bytes,
+                let frame = match frame {
+                    Ok(Some(frame)) => frame,
                     Ok(None) => return,
                     Err(error) => {
                         warn!(from = from.0, %error, "bad frame from coordinator peer");
+                        return;
+                    }
+                };
+                let bytes = match joiner.push(frame) {
+                    Ok(Some(bytes)) => bytes,
+                    Ok(None) => continue,
+                    Err(reason) => {
+                        warn!(from = from.0, reason, "raft message dropped");
                         return;
                     }
                 };
@@ -268,5 +367,55 @@ mod tests {
         assert_eq!(decode(&bytes, 2).expect("from 2"), message);
         assert!(decode(&bytes, 3).unwrap_err().contains("claiming"));
         assert!(decode(&[0xff, 0xff, 0xff], 2).is_err());
+    }
+
+    /// A message crosses as frames no larger than `PART_BYTES` and is joined whole on
+    /// the other side, at every length around the part boundaries.
+    #[test]
+    fn a_large_message_crosses_in_parts_and_is_joined_whole() {
+        for len in [
+            0,
+            1,
+            PART_BYTES - 1,
+            PART_BYTES,
+            PART_BYTES + 1,
+            3 * PART_BYTES + 5,
+        ] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let (last, parts) = split_parts(&bytes);
+            let mut frames: Vec<PeerMsg> = parts.map(|p| PeerMsg::Part(p.to_vec())).collect();
+            frames.push(PeerMsg::Raft(last.to_vec()));
+            assert_eq!(
+                frames.len(),
+                len.saturating_sub(1) / PART_BYTES + 1,
+                "{len}"
+            );
+            let mut joiner = Joiner::new(MAX_MESSAGE_BYTES);
+            let mut whole = None;
+            for frame in frames {
+                let size = match &frame {
+                    PeerMsg::Part(b) | PeerMsg::Raft(b) => b.len(),
+                };
+                assert!(size <= PART_BYTES && wire::encode(&frame).is_ok(), "{len}");
+                assert!(whole.is_none(), "{len}: joined before the last frame");
+                whole = joiner.push(frame).expect("within the limit");
+            }
+            assert_eq!(whole.as_deref(), Some(&bytes[..]), "{len}");
+        }
+    }
+
+    #[test]
+    fn a_message_past_the_limit_is_refused_as_its_parts_arrive() {
+        let mut joiner = Joiner::new(10);
+        assert_eq!(joiner.push(PeerMsg::Part(vec![1; 6])), Ok(None));
+        let refused = joiner.push(PeerMsg::Part(vec![2; 5])).unwrap_err();
+        assert!(refused.contains("more than 10 bytes"), "{refused}");
+        assert_eq!(joiner.parts.len(), 6);
+        let mut joiner = Joiner::new(10);
+        assert!(joiner.push(PeerMsg::Raft(vec![0; 11])).is_err());
+        assert_eq!(
+            Joiner::new(10).push(PeerMsg::Raft(vec![3; 10])),
+            Ok(Some(vec![3; 10]))
+        );
     }
 }

@@ -49,6 +49,8 @@ pub enum Reply {
 pub struct MockEngine {
     pub reply: Reply,
     pub ready: bool,
+    /// `Some`: the engine has stopped, for this reason.
+    pub stopped: Option<String>,
     /// `Some`: admission refuses with this error.
     pub admission: Option<WireError>,
     pub requests: Mutex<Vec<GenerateRequest>>,
@@ -66,6 +68,7 @@ impl MockEngine {
         MockEngine {
             reply,
             ready: true,
+            stopped: None,
             admission: None,
             requests: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicUsize::new(0)),
@@ -173,6 +176,10 @@ impl Engine for MockEngine {
 
     fn ready(&self, _model: &str) -> bool {
         self.ready
+    }
+
+    fn live(&self) -> Result<(), String> {
+        self.stopped.clone().map_or(Ok(()), Err)
     }
 
     fn status(&self) -> ClusterStatus {

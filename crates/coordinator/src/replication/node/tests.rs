@@ -172,3 +172,54 @@ async fn a_lone_peer_without_quorum_refuses_or_times_out() {
     let stopped = handle.propose(fence(1), Duration::from_millis(300)).await;
     assert_eq!(stopped, Err(ProposalError::Stopped));
 }
+
+/// A peer whose disk is full (the store's write fails) or whose core fails stops, and
+/// says why through `failure`, which the coordinator's process exits on. Before, its
+/// thread ended silently and the process lived on, answering `/health` with 200.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_failpoint_in_the_store_or_the_core_stops_the_peer_and_says_why() {
+    let scenario = fail::FailScenario::setup();
+    for (failpoint, says) in [
+        ("store::persist", "No space left on device"),
+        ("raft::before_apply", "failpoint raft::before_apply fired"),
+    ] {
+        let network: Network = Arc::default();
+        let store = LogStore::in_memory("alone").expect("store");
+        let voters = [PeerId(1)];
+        let peer = Peer::start(PeerId(1), &voters, store, 1, &log::discard()).expect("peer");
+        let transport = Loopback {
+            from: 1,
+            network: Arc::clone(&network),
+        };
+        let handle = spawn(peer, transport).expect("thread");
+        let applied = handle.propose(fence(1), Duration::from_secs(5)).await;
+        assert_eq!(applied.expect("committed").outcome, Outcome::Applied);
+        assert_eq!(*handle.failure().borrow(), None);
+
+        fail::cfg(failpoint, "return").expect("failpoint");
+        let refused = handle.propose(fence(2), Duration::from_secs(5)).await;
+        assert!(refused.is_err(), "{failpoint}: {refused:?}");
+        let mut failure = handle.failure();
+        let reason =
+            tokio::time::timeout(Duration::from_secs(5), failure.wait_for(Option::is_some))
+                .await
+                .expect("the failure is reported")
+                .expect("watch open")
+                .clone();
+        let reason = reason.expect("a reason");
+        assert!(reason.contains(says), "{failpoint}: {reason}");
+        fail::remove(failpoint);
+        handle.stop();
+    }
+    scenario.teardown();
+}
+
+/// A peer stopped on request has no failure to report.
+#[tokio::test]
+async fn a_peer_stopped_on_request_reports_no_failure() {
+    let network: Network = Arc::default();
+    let handle = start(1, LogStore::in_memory("stopped").expect("store"), &network);
+    handle.stop();
+    assert_eq!(*handle.failure().borrow(), None);
+}

@@ -158,8 +158,13 @@ fn random_command(rng: &mut StdRng) -> Command {
             progress(&id, offset, &tokens)
         }
         3 => finish(&id, rng.random_range(0..1000)),
-        4 => Command::Expire {
+        4 if rng.random_bool(0.5) => Command::Expire {
             before_ms: rng.random_range(0..1000),
+        },
+        4 => Command::Prune {
+            finished_before_ms: rng.random_range(0..1000),
+            open_before_ms: rng.random_range(0..300),
+            max_bytes: rng.random_range(0..3000),
         },
         5 => Command::Fence {
             group: "g".into(),
@@ -203,9 +208,23 @@ fn random_logs_keep_the_invariants_and_snapshots_restore_exactly() {
             for j in s.journal.values() {
                 assert!(j.sent.iter().enumerate().all(|(i, t)| *t == i as u32));
             }
+            // The journal's running count is its count from scratch.
+            assert_eq!(
+                s.journal_usage(),
+                JournalUsage::of(&s.journal),
+                "seed {seed}"
+            );
+            if let Command::Prune { max_bytes, .. } = command {
+                let usage = s.journal_usage();
+                assert!(
+                    usage.bytes <= max_bytes.max(usage.open_bytes),
+                    "seed {seed}: {usage:?} after pruning to {max_bytes}"
+                );
+            }
             // A peer restored from a snapshot is the same state.
             let restored = ClusterState::restore(&s.snapshot().unwrap()).unwrap();
             assert_eq!(restored, s, "seed {seed}");
+            assert_eq!(restored.journal_usage(), s.journal_usage(), "seed {seed}");
         }
     }
 }
@@ -216,4 +235,145 @@ fn garbage_snapshots_are_refused() {
     assert_eq!(ClusterState::restore(&[]).unwrap(), ClusterState::default());
     let oversized = vec![0u8; MAX_SNAPSHOT_BYTES + 1];
     assert!(ClusterState::restore(&oversized).is_err());
+}
+
+fn finish_at(id: &str, at_ms: u64) -> Command {
+    finish(id, at_ms)
+}
+
+fn prune(finished_before_ms: u64, open_before_ms: u64, max_bytes: u64) -> Command {
+    Command::Prune {
+        finished_before_ms,
+        open_before_ms,
+        max_bytes,
+    }
+}
+
+fn ids(s: &ClusterState) -> Vec<&str> {
+    s.journal.keys().map(String::as_str).collect()
+}
+
+/// An open request is counted at its largest (prompt, stop ids and `max_tokens`) from its
+/// acceptance on; once finished, at what it holds.
+#[test]
+fn the_journal_counts_open_requests_at_their_largest() {
+    let mut s = ClusterState::default();
+    run(&mut s, &[accept("a", 0)]);
+    let open = s.journal_usage();
+    // 3 prompt tokens, 1 stop id, 16 max_tokens; "a" and "m".
+    assert_eq!(open.bytes, journal::ENTRY_OVERHEAD_BYTES + 4 * 20 + 2);
+    assert_eq!(
+        (open.entries, open.open, open.open_bytes),
+        (1, 1, open.bytes)
+    );
+    run(&mut s, &[progress("a", 0, &[5, 6, 7])]);
+    assert_eq!(
+        s.journal_usage(),
+        open,
+        "progress within max_tokens adds nothing"
+    );
+    run(&mut s, &[finish_at("a", 10)]);
+    let done = s.journal_usage();
+    assert_eq!(done.bytes, journal::ENTRY_OVERHEAD_BYTES + 4 * 7 + 2);
+    assert_eq!((done.open, done.open_bytes), (0, 0));
+    assert_eq!(done.finished_bytes(), done.bytes);
+}
+
+#[test]
+fn pruning_drops_finished_requests_earliest_first_and_never_open_ones() {
+    let mut s = ClusterState::default();
+    run(
+        &mut s,
+        &[
+            accept("f1", 0),
+            accept("f2", 0),
+            accept("f3", 0),
+            accept("open", 0),
+            finish_at("f2", 100),
+            finish_at("f1", 200),
+            finish_at("f3", 300),
+        ],
+    );
+    let each = s.journal["f1"].bytes("f1");
+    let open = s.journal_usage().open_bytes;
+    // Room for the open request and one finished one: f2 (finished first), then f1 go.
+    run(&mut s, &[prune(0, 0, open + each)]);
+    assert_eq!(ids(&s), ["f3", "open"]);
+    // Asking for less than the open requests hold drops every finished one, no more.
+    run(&mut s, &[prune(0, 0, 0)]);
+    assert_eq!(ids(&s), ["open"]);
+    assert_eq!(s.journal_usage(), JournalUsage::of(&s.journal));
+}
+
+#[test]
+fn pruning_drops_requests_past_their_retention_or_time_to_live() {
+    let mut s = ClusterState::default();
+    run(
+        &mut s,
+        &[
+            accept("done-old", 0),
+            accept("done-new", 0),
+            accept("open-old", 50),
+            accept("open-new", 150),
+            finish_at("done-old", 100),
+            finish_at("done-new", 500),
+            prune(200, 100, u64::MAX),
+        ],
+    );
+    assert_eq!(ids(&s), ["done-new", "open-new"]);
+}
+
+/// A snapshot of a journal larger than one wire frame encodes, and restores to the same
+/// state (before, a snapshot had to fit a frame, and a larger one stopped every peer).
+#[test]
+fn a_snapshot_larger_than_a_frame_restores() {
+    let mut s = ClusterState::default();
+    // 4,096 token ids above 65,535 take 5 bytes each: 20 KiB per request.
+    let prompt: Vec<u32> = (0..4096).map(|i| 100_000 + i).collect();
+    let commands: Vec<Command> = (0..1000)
+        .map(|i| Command::Accept {
+            id: format!("cmpl-{i}"),
+            request: request(&prompt),
+            at_ms: i,
+        })
+        .collect();
+    run(&mut s, &commands);
+    let bytes = s.snapshot().expect("encodes");
+    assert!(bytes.len() > wire::MAX_FRAME_BYTES, "{}", bytes.len());
+    let restored = ClusterState::restore(&bytes).expect("restores");
+    assert_eq!(restored.journal_usage(), s.journal_usage());
+    assert_eq!(restored, s);
+}
+
+/// A request that ended without a reason (cancelled, failed) may be resumed and end for
+/// good; one that finished keeps its reason.
+#[test]
+fn only_an_end_without_a_reason_can_be_finished_again() {
+    let end = |id: &str, reason, at_ms| Command::Finish {
+        id: id.into(),
+        reason,
+        at_ms,
+    };
+    let mut s = ClusterState::default();
+    run(
+        &mut s,
+        &[
+            accept("a", 0),
+            accept("b", 0),
+            end("a", None, 10),
+            end("a", Some(FinishReason::Length), 20),
+            end("a", None, 30),
+            end("b", Some(FinishReason::Stop), 10),
+            end("b", Some(FinishReason::Length), 20),
+        ],
+    );
+    assert_eq!(
+        s.journal["a"].finished,
+        Some((Some(FinishReason::Length), 20))
+    );
+    assert_eq!(
+        s.journal["b"].finished,
+        Some((Some(FinishReason::Stop), 10))
+    );
+    assert_eq!(s.journal_usage(), JournalUsage::of(&s.journal));
 }
