@@ -122,19 +122,6 @@ impl ModelSlice {
         }
     }
 
-    /// One batched forward pass (see [`Llama::forward_batch`]): the logits of every chunk
-    /// that asks for them.
-    pub fn forward_batch(
-        &self,
-        batch: &[SeqChunk<'_>],
-        cache: &mut SliceCache,
-        comm: &mut SliceComm<'_>,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let requests = vec![RowRequest::LOGITS; wanted_rows(batch)];
-        let rows = self.forward_rows(batch, cache, comm, &requests)?;
-        Ok(rows.into_iter().filter_map(RowOutput::into_logits).collect())
-    }
-
     /// One batched forward pass (see [`Llama::forward_batch`]), each row that wants logits
     /// answered as `requests` (one per row, in batch order) asks. The CPU gives every row
     /// its logits; a GPU of a one-rank group samples the rows with a draw where their
