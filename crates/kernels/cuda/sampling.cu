@@ -94,7 +94,7 @@ __device__ __forceinline__ u64 weigh(const Filter& f, unsigned int i, unsigned i
     return w >= f.min_w ? fixed(w) : 0ull;
 }
 
-// A search's result, in shared memory.
+// A search's result.
 struct Level {
     unsigned int key;
     int found;
@@ -103,14 +103,16 @@ struct Level {
 };
 
 // The largest key whose weight at or above it reaches the need (`absolute`, else
-// need_of(ratio, total weight)); found = 0 when the total does not reach it.
-__device__ void find_level(const Filter& f, u64 absolute, float ratio, u64* hist, Level* out) {
+// need_of(ratio, total weight)); found = 0 when the total does not reach it. `hist` and
+// `sh` are shared memory; the result is every thread's own copy.
+__device__ Level find_level(const Filter& f, u64 absolute, float ratio, u64* hist, Level* sh) {
     const unsigned int tid = threadIdx.x;
     unsigned int prefix = 0u;
     unsigned int mask = 0u;
+    __syncthreads(); // every thread is done with `sh` and `hist` from before
     if (tid == 0) {
-        out->above = 0ull;
-        out->found = 1;
+        sh->above = 0ull;
+        sh->found = 1;
     }
     for (int pass = 0; pass < 3; ++pass) {
         const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
@@ -142,17 +144,18 @@ __device__ void find_level(const Filter& f, u64 absolute, float ratio, u64* hist
                     incl += v;
                 }
             }
-            const u64 above = out->above;
+            const u64 above = sh->above;
             const u64 total = __shfl_sync(FULL_MASK, incl, 31);
             if (pass == 0 && tid == 0) {
-                out->need = absolute ? absolute : need_of(ratio, total);
+                sh->need = absolute ? absolute : need_of(ratio, total);
             }
             __syncwarp();
-            const u64 need = out->need;
+            const u64 need = sh->need;
+            // Every lane has read `above` and `need` before the crossing lane writes.
             const unsigned int crossed = __ballot_sync(FULL_MASK, above + incl >= need);
             if (crossed == 0u) {
                 if (tid == 0) {
-                    out->found = 0;
+                    sh->found = 0;
                 }
             } else if ((int)tid == __ffs(crossed) - 1) {
                 u64 run = above + incl - own;
@@ -164,22 +167,21 @@ __device__ void find_level(const Filter& f, u64 absolute, float ratio, u64* hist
                     }
                     run += hist[b];
                 }
-                out->above = run;
-                out->key = digit;
+                sh->above = run;
+                sh->key = digit;
             }
         }
         __syncthreads();
-        if (!out->found) {
-            return;
+        if (!sh->found) {
+            break;
         }
-        prefix |= out->key << shift;
+        prefix |= sh->key << shift;
         mask |= (buckets - 1u) << shift;
-        __syncthreads();
+        __syncthreads(); // every thread has read the digit before the next pass
     }
-    if (tid == 0) {
-        out->key = prefix;
-    }
-    __syncthreads();
+    Level level = *sh;
+    level.key = prefix;
+    return level;
 }
 
 // The exclusive prefix sum of `v` over the block, and the block's total in `*total`.
@@ -310,7 +312,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(
     __shared__ unsigned int idx[32];
     __shared__ float max_value;
     __shared__ unsigned int max_at;
-    __shared__ Level level;
+    __shared__ Level search;
     __shared__ unsigned int chosen;
     const unsigned int r = blockIdx.x;
     const unsigned int* p = params + (size_t)r * PARAM_WORDS;
@@ -340,18 +342,17 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(
     f.min_w = 0.0f;
     f.by_count = 1;
     if (top_k > 0u && top_k < vocab) {
-        find_level(f, top_k, 0.0f, hist, &level);
-        f.floor_key = level.key; // always found: k < vocab
+        f.floor_key = find_level(f, top_k, 0.0f, hist, &search).key; // found: k < vocab
     }
     f.by_count = 0;
     if (top_p < 1.0f) {
-        find_level(f, 0ull, top_p, hist, &level);
+        const Level level = find_level(f, 0ull, top_p, hist, &search);
         if (level.found) {
             f.floor_key = level.key;
         }
     }
     f.min_w = min_p > 0.0f ? fminf(min_p, 1.0f) : 0.0f;
-    find_level(f, 0ull, u, hist, &level);
+    const Level level = find_level(f, 0ull, u, hist, &search);
     unsigned int token = 0xffffffffu;
     if (level.found) {
         token = walk_level(f, level, idx, &chosen);
