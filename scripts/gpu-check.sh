@@ -7,8 +7,11 @@
 # the model on cuda:0 against the CPU path on every fixture, SmolLM2 greedy when models/
 # holds it, and tp = 2 with two ranks on one GPU through the CPU collective
 # (crates/model/tests/cuda_model.rs); a one-rank NCCL group (crates/comm/tests/nccl_gpu.rs);
-# a cluster whose shard runs on cuda:0, against a CPU shard (crates/tests/tests/cuda_cluster.rs);
-# decode tokens/s at batch 1, 8 and 64 with the fraction of the card's memory bandwidth
+# a cluster whose shard runs on cuda:0, against a CPU shard (crates/tests/tests/cuda_cluster.rs),
+# once sampling on the device (TESSERA_DEVICE_SAMPLING=1, the default) and once on the host
+# (TESSERA_DEVICE_SAMPLING=0, the path before device sampling);
+# decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
+# sampling on the host and on the device, with the fraction of the card's memory bandwidth
 # (crates/model/benches/cuda_decode.rs).
 # Usage: scripts/gpu-check.sh
 set -euo pipefail
@@ -59,6 +62,9 @@ if [[ -d .gpu/bin ]]; then
 else
     cargo build --release --offline -p tessera-coordinator -p tessera-shard
 fi
-run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+echo "   sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
+TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+echo "   sampling on the host (TESSERA_DEVICE_SAMPLING=0)"
+TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
 echo "== decode throughput"
 run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --

@@ -7,10 +7,15 @@
 //!
 //! Order of operations (as vLLM and transformers apply them): repetition, presence and
 //! frequency penalties on the raw logits; then greedy argmax when `temperature == 0`;
-//! otherwise temperature, top-k, softmax, top-p, min-p, and one draw.
+//! otherwise temperature, top-k, softmax, top-p, min-p, and one draw. Everything after the
+//! penalties is [`cpu::sample_threshold`]'s rule, which the CUDA `sample_rows` kernel
+//! computes to the bit: [`Sampler::draw`] gives what a row needs for either, so a sequence
+//! without penalties samples the same token on the host and on a GPU.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use crate::cpu::{self, RowDraw, SampleScratch, ThresholdParams};
 
 /// Sampling settings of one sequence. The defaults are greedy decoding.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,7 +58,7 @@ impl Default for SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
-    candidates: Vec<(u32, f32)>,
+    scratch: SampleScratch,
 }
 
 impl Sampler {
@@ -64,7 +69,7 @@ impl Sampler {
         Sampler {
             params,
             seed,
-            candidates: Vec::new(),
+            scratch: SampleScratch::default(),
         }
     }
 
@@ -76,57 +81,40 @@ impl Sampler {
     /// prompt and the tokens generated so far.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) -> u32 {
         apply_penalties(&self.params, logits, prompt, generated);
-        if self.params.temperature <= 0.0 {
-            return argmax(logits);
-        }
+        let draw = self.draw(generated.len());
+        cpu::sample_threshold_in(logits, draw.params, draw.uniform, &mut self.scratch)
+    }
+
+    /// The rule's settings and uniform draw for the token after `generated` tokens: what
+    /// [`Sampler::sample`] uses after the penalties, and what the device kernel takes.
+    pub fn draw(&self, generated: usize) -> RowDraw {
         let p = &self.params;
-        let c = &mut self.candidates;
-        c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| (i as u32, l / p.temperature)),
-        );
-        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.truncate(p.top_k);
-        }
-        let max = c[0].1;
-        let mut sum = 0.0;
-        for e in c.iter_mut() {
-            e.1 = (e.1 - max).exp();
-            sum += e.1;
-        }
-        for e in c.iter_mut() {
-            e.1 /= sum;
-        }
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let keep = c
-                .iter()
-                .position(|e| {
-                    acc += e.1;
-                    acc >= p.top_p
-                })
-                .map_or(c.len(), |i| i + 1);
-            c.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let floor = p.min_p * c[0].1;
-            c.retain(|e| e.1 >= floor);
-        }
-        let total: f32 = c.iter().map(|e| e.1).sum();
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(generated.len() as u64);
-        let mut draw = rng.random::<f32>() * total;
-        for e in c.iter() {
-            draw -= e.1;
-            if draw <= 0.0 {
-                return e.0;
-            }
-        }
-        c[c.len() - 1].0
+        let params = ThresholdParams {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
+        };
+        let uniform = if params.is_greedy() {
+            0.0
+        } else {
+            let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+            rng.set_stream(generated as u64);
+            rng.random::<f32>()
+        };
+        RowDraw { params, uniform }
+    }
+
+    /// Whether penalties change the logits before the rule (repetition, presence,
+    /// frequency). The device kernel applies none: such a sequence samples on the host.
+    pub fn has_penalties(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
+    /// [`Sampler::draw`] for a sampler without penalties; `None` where the host must sample.
+    pub fn device_draw(&self, generated: usize) -> Option<RowDraw> {
+        (!self.has_penalties()).then(|| self.draw(generated))
     }
 }
 
@@ -155,17 +143,6 @@ pub fn logprobs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>
         chosen,
         best.into_iter().map(|(t, l)| (t, logprob(l))).collect(),
     )
-}
-
-/// Index of the largest logit; the first one on ties (as `torch.argmax`).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn apply_penalties(p: &SamplingParams, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
@@ -236,6 +213,40 @@ mod tests {
         // A fresh sampler asked for token 12 alone draws what the first drew for it.
         let mut b = Sampler::new(params, 0);
         assert_eq!(b.sample(&mut logits.clone(), &[1], &[0; 12]), first[12]);
+    }
+
+    #[test]
+    fn the_device_draw_is_what_the_host_sampler_uses() {
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            top_p: 0.9,
+            min_p: 0.01,
+            seed: Some(11),
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 7) % 13) as f32 * 0.4).collect();
+        let mut s = Sampler::new(params.clone(), 0);
+        for generated in 0..30 {
+            let draw = s.device_draw(generated).expect("no penalties");
+            assert_eq!(draw, s.draw(generated));
+            assert!((0.0..1.0).contains(&draw.uniform));
+            let want = cpu::sample_threshold(&logits, draw.params, draw.uniform);
+            let got = s.sample(&mut logits.clone(), &[1], &vec![0; generated]);
+            assert_eq!(got, want, "token {generated}");
+        }
+        // Greedy draws nothing; penalties keep a sequence on the host.
+        let greedy = Sampler::new(SamplingParams::default(), 0);
+        assert_eq!(greedy.draw(3).uniform, 0.0);
+        assert!(greedy.draw(3).params.is_greedy());
+        let penalized = Sampler::new(
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..params
+            },
+            0,
+        );
+        assert!(penalized.has_penalties() && penalized.device_draw(0).is_none());
     }
 
     #[test]

@@ -1,35 +1,44 @@
 //! Decode throughput on a CUDA device (`scripts/gpu-check.sh` runs this): tokens per
-//! second at batch 1, 8 and 64, and the fraction of the card's memory bandwidth each
+//! second at batch 1, 8, 64 and 256, and the fraction of the card's memory bandwidth each
 //! reaches, counting the bytes a step must read: every weight once, plus each sequence's
 //! KV cache. Models: a Llama-3.2-1B-shaped model with random bf16 weights (the shape is
 //! what matters for speed), and SmolLM2 when `models/` holds it.
 //!
+//! Each batch runs eagerly and through a graph, each sampling on the host (every row's
+//! logits downloaded and sampled as the step runner does, `TESSERA_DEVICE_SAMPLING=0`) and
+//! on the device (only token ids cross). A step is the forward pass and the sampling; its
+//! host time is its wall time less the time blocked waiting for the device
+//! ([`PassTiming`]), and `allocs` the device buffers it allocated.
+//!
 //! Without a CUDA driver it says so and exits. Usage:
 //! `cargo bench -p tessera-model --bench cuda_decode` (`TESSERA_BENCH_STEPS`, default 64;
-//! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak).
+//! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak; `TESSERA_BENCH_TEMPERATURE`,
+//! default 0 (greedy), samples at that temperature with top-p 0.95, seeded).
 
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tessera_comm::Solo;
 use tessera_kernels::DType;
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::ModelConfig;
-use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES};
+use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
 use tessera_model::error::ModelError;
 use tessera_model::kv_cache::SeqChunk;
 use tessera_model::llama::Llama;
 use tessera_model::loader;
+use tessera_model::rows::{RowOutput, RowRequest};
 use tessera_model::slice::SliceComm;
 use tessera_model::weights::{Storage, TensorId, TensorSource, Weight};
 
 /// Context each sequence holds before the timed steps.
 const CONTEXT: usize = 256;
-const BATCHES: [usize; 3] = [1, 8, 64];
+const BATCHES: [usize; 4] = [1, 8, 64, 256];
 
 /// Llama-3.2-1B's shape (tied embeddings, GQA 32/8).
 const SYNTHETIC_CONFIG: &str = r#"{
@@ -129,78 +138,177 @@ fn peak_bandwidth(device: &CudaDevice) -> (f64, String) {
     (f64::NAN, "unknown".into())
 }
 
-fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
+/// How a run samples.
+#[derive(Clone, Copy)]
+struct Mode {
+    graphs: bool,
+    device_sampling: bool,
+}
+
+/// What the timed steps of one run took, per step.
+struct Timed {
+    step: Duration,
+    host: Duration,
+}
+
+/// A KV cache holding `batch` sequences of [`CONTEXT`] prompt tokens, and their tables.
+fn prefilled(
+    model: &CudaLlama,
+    batch: usize,
+    steps: usize,
+    mode: Mode,
+) -> (DeviceKv, Vec<Vec<u32>>) {
+    let layout = model.kv_layout();
+    let per_seq = (CONTEXT + steps + 1).div_ceil(layout.block_size);
+    let budget = batch * per_seq * layout.block_size * per_position(model);
+    let mut kv = model.new_cache(budget).unwrap();
+    kv.set_graphs(mode.graphs);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| 1 + i % 1000).collect();
+    for table in &tables {
+        let chunk = SeqChunk {
+            tokens: &prompt,
+            start: 0,
+            block_table: table,
+            logits: false,
+        };
+        model
+            .forward_batch(
+                &[chunk],
+                &mut kv,
+                &mut SliceComm::Host(&mut Solo::default()),
+            )
+            .unwrap();
+    }
+    (kv, tables)
+}
+
+/// KV bytes per cached position.
+fn per_position(model: &CudaLlama) -> usize {
+    let layout = model.kv_layout();
+    model.config().num_hidden_layers * 2 * layout.kv_heads * layout.head_dim * DEVICE_KV_VALUE_BYTES
+}
+
+/// `steps` decode steps after one of warm-up: the pass, then each row sampled on the
+/// host from its logits or taken from the device.
+fn decode(
+    model: &CudaLlama,
+    kv: &mut DeviceKv,
+    tables: &[Vec<u32>],
+    steps: usize,
+    mode: Mode,
+    params: &SamplingParams,
+) -> Timed {
+    let mut samplers: Vec<Sampler> = (0..tables.len())
+        .map(|i| Sampler::new(params.clone(), i as u64))
+        .collect();
+    // The model has random weights: every step feeds token 7, not the sampled one, so
+    // every run decodes the same positions the same way.
+    let tokens = vec![7u32; tables.len()];
+    let mut timed = Timed {
+        step: Duration::ZERO,
+        host: Duration::ZERO,
+    };
+    // Step 0 warms up: cuBLAS picks its kernels, the scratch is allocated, the graph captured.
+    for i in 0..=steps {
+        let started = Instant::now();
+        let requests: Vec<RowRequest> = samplers
+            .iter()
+            .map(|s| {
+                if mode.device_sampling {
+                    RowRequest {
+                        draw: Some(s.draw(i)),
+                        logits: false,
+                    }
+                } else {
+                    RowRequest::LOGITS
+                }
+            })
+            .collect();
+        let chunks: Vec<SeqChunk<'_>> = tables
+            .iter()
+            .zip(&tokens)
+            .map(|(table, t)| SeqChunk {
+                tokens: std::slice::from_ref(t),
+                start: CONTEXT + i,
+                block_table: table,
+                logits: true,
+            })
+            .collect();
+        let rows = model
+            .forward_rows(
+                &chunks,
+                kv,
+                &mut SliceComm::Host(&mut Solo::default()),
+                &requests,
+            )
+            .unwrap();
+        let generated = vec![0u32; i];
+        let next: Vec<u32> = rows
+            .into_iter()
+            .zip(&mut samplers)
+            .map(|(row, s)| match row {
+                RowOutput::Token { token, .. } => token,
+                RowOutput::Logits(mut logits) => s.sample(&mut logits, &[], &generated),
+            })
+            .collect();
+        if i > 0 {
+            let step = started.elapsed();
+            timed.step += step;
+            timed.host += step.saturating_sub(kv.last_timing().device_wait);
+        }
+        std::hint::black_box(next);
+    }
+    timed.step /= steps as u32;
+    timed.host /= steps as u32;
+    timed
+}
+
+fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params: &SamplingParams) {
     let (peak, source) = peak_bandwidth(device);
     let model = CudaLlama::upload(llama, Arc::clone(device)).unwrap();
-    let c = model.config().clone();
-    let layout = model.kv_layout();
-    let per_position =
-        c.num_hidden_layers * 2 * layout.kv_heads * layout.head_dim * DEVICE_KV_VALUE_BYTES;
     println!(
         "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source})",
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
         peak / 1e9
     );
-    println!("  batch  mode    ms/step  tokens/s  launches/step  GB/s  of peak");
-    for (batch, graphs) in BATCHES.iter().flat_map(|&b| [(b, false), (b, true)]) {
-        let per_seq = (CONTEXT + steps + 1).div_ceil(layout.block_size);
-        let budget = batch * per_seq * layout.block_size * per_position;
-        let mut kv = model.new_cache(budget).unwrap();
-        kv.set_graphs(graphs);
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
-            .collect();
-        let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| 1 + i % 1000).collect();
-        for table in &tables {
-            let chunk = SeqChunk {
-                tokens: &prompt,
-                start: 0,
-                block_table: table,
-                logits: false,
-            };
-            model
-                .forward_batch(
-                    &[chunk],
-                    &mut kv,
-                    &mut SliceComm::Host(&mut Solo::default()),
-                )
-                .unwrap();
-        }
-        let tokens = vec![7u32; batch];
-        let mut step = |pos: usize| {
-            let chunks: Vec<SeqChunk<'_>> = tables
-                .iter()
-                .zip(&tokens)
-                .map(|(table, t)| SeqChunk {
-                    tokens: std::slice::from_ref(t),
-                    start: pos,
-                    block_table: table,
-                    logits: true,
-                })
-                .collect();
-            model
-                .forward_batch(&chunks, &mut kv, &mut SliceComm::Host(&mut Solo::default()))
-                .unwrap();
-        };
-        // Warm-up: cuBLAS picks its kernels, the scratch is allocated, the graph captured.
-        step(CONTEXT);
-        let started = Instant::now();
-        for i in 1..=steps {
-            step(CONTEXT + i);
-        }
-        let per_step = started.elapsed().as_secs_f64() / steps as f64;
-        let kv_bytes = batch * (CONTEXT + steps / 2) * per_position;
+    println!(
+        "  batch  mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak"
+    );
+    let modes = [false, true].into_iter().flat_map(|graphs| {
+        [false, true].map(|device_sampling| Mode {
+            graphs,
+            device_sampling,
+        })
+    });
+    for (batch, mode) in BATCHES
+        .iter()
+        .flat_map(|&b| modes.clone().map(move |m| (b, m)))
+    {
+        let (mut kv, tables) = prefilled(&model, batch, steps, mode);
+        let timed = decode(&model, &mut kv, &tables, steps, mode, params);
+        let per_step = timed.step.as_secs_f64();
+        let kv_bytes = batch * (CONTEXT + steps / 2) * per_position(&model);
         let bytes = (model.weight_bytes_per_step() + kv_bytes) as f64;
         let rate = bytes / per_step;
         let launches = match kv.last_graph_kernels() {
             0 => format!("{}", kv.last_launches()),
-            kernels => format!("1 ({kernels} in graph)"),
+            kernels => format!("{} ({kernels} in graph)", kv.last_launches()),
         };
         println!(
-            "  {batch:>5}  {:<6}  {:>7.3}  {:>8.0}  {launches:>13}  {:>4.0}  {:>6.1}%",
-            if graphs { "graph" } else { "eager" },
+            "  {batch:>5}  {:<6}  {:<8}  {:>7.3}  {:>12.1}  {:>8.0}  {launches:>13}  {:>11}  {:>4.0}  {:>6.1}%",
+            if mode.graphs { "graph" } else { "eager" },
+            if mode.device_sampling {
+                "device"
+            } else {
+                "host"
+            },
             per_step * 1e3,
+            timed.host.as_secs_f64() * 1e6,
             batch as f64 / per_step,
+            kv.last_allocations(),
             rate / 1e9,
             100.0 * rate / peak
         );
@@ -216,6 +324,17 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
+    let temperature: f32 = std::env::var("TESSERA_BENCH_TEMPERATURE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    let params = SamplingParams {
+        temperature,
+        top_p: if temperature > 0.0 { 0.95 } else { 1.0 },
+        seed: Some(1),
+        ..SamplingParams::default()
+    };
+    println!("sampling: {params:?}");
     let cache = PtxCache::new(PtxCache::default_dir());
     let device = Arc::new(CudaDevice::open(0, &cache).unwrap_or_else(|e| panic!("{e}")));
     println!("{} (compute {:?})", device.name(), device.capability());
@@ -231,6 +350,7 @@ fn main() {
             &llama,
             &device,
             steps,
+            &params,
         );
     } else {
         println!("SmolLM2: {} not found, skipped", smollm2.display());
@@ -240,5 +360,6 @@ fn main() {
         &synthetic(),
         &device,
         steps,
+        &params,
     );
 }

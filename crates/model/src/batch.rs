@@ -68,12 +68,17 @@ impl BatchIndex {
                 ix.query_seq.push(row as u32);
                 ix.contexts.push(pos as u32 + 1);
             }
-            if chunk.logits && !chunk.tokens.is_empty() {
+            if wants_logits(chunk) {
                 ix.wanted.push(ix.tokens.len() - 1);
             }
         }
         ix
     }
+}
+
+/// Whether `chunk` gives a row of logits (its last token's): it asks, and has tokens.
+pub(crate) fn wants_logits(chunk: &SeqChunk<'_>) -> bool {
+    chunk.logits && !chunk.tokens.is_empty()
 }
 
 /// Refuses a chunk with tokens outside a vocabulary of `vocab`, or whose block table does

@@ -8,7 +8,8 @@
 //! - [`kv_cache`]: the paged KV cache of one process.
 //! - [`llama`]: the forward pass; [`generate`]: one-sequence generation.
 //! - `cuda` (feature `cuda`): the same forward pass on a CUDA device; [`slice`]: either,
-//!   as a shard runs it.
+//!   as a shard runs it; [`rows`]: what a pass gives back for the rows that want logits
+//!   (logits, or a token sampled on the device).
 //! - [`loader`]: a model path → weights + tokenizer + chat template.
 
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@ pub mod gguf_source;
 pub mod kv_cache;
 pub mod llama;
 pub mod loader;
+pub mod rows;
 pub mod safetensors_source;
 pub mod slice;
 pub mod tokenizer;

@@ -16,6 +16,7 @@ use crate::cuda::{CudaLlama, DeviceKv};
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqChunk};
 use crate::llama::Llama;
+use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 
 /// The weights of one rank, on the CPU or (feature `cuda`) on a CUDA device.
 #[allow(clippy::large_enum_variant)] // one per process, never moved in a hot path
@@ -121,17 +122,25 @@ impl ModelSlice {
         }
     }
 
-    /// One batched forward pass (see [`Llama::forward_batch`]).
-    pub fn forward_batch(
+    /// One batched forward pass (see [`Llama::forward_batch`]), each row that wants logits
+    /// answered as `requests` (one per row, in batch order) asks. The CPU gives every row
+    /// its logits; a GPU of a one-rank group samples the rows with a draw where their
+    /// logits are (see [`RowRequest`]).
+    pub fn forward_rows(
         &self,
         batch: &[SeqChunk<'_>],
         cache: &mut SliceCache,
         comm: &mut SliceComm<'_>,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        requests: &[RowRequest],
+    ) -> Result<Vec<RowOutput>, ModelError> {
         match (self, cache) {
-            (ModelSlice::Cpu(m), SliceCache::Cpu(c)) => m.forward_batch(batch, c, comm.host()),
+            (ModelSlice::Cpu(m), SliceCache::Cpu(c)) => {
+                check_requests(requests.len(), wanted_rows(batch))?;
+                let logits = m.forward_batch(batch, c, comm.host())?;
+                Ok(logits.into_iter().map(RowOutput::Logits).collect())
+            }
             #[cfg(feature = "cuda")]
-            (ModelSlice::Cuda(m), SliceCache::Cuda(c)) => m.forward_batch(batch, c, comm),
+            (ModelSlice::Cuda(m), SliceCache::Cuda(c)) => m.forward_rows(batch, c, comm, requests),
             #[cfg(feature = "cuda")]
             _ => Err(ModelError::Plan {
                 message: "the KV cache is on another device than the model".into(),

@@ -10,16 +10,19 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::local::LocalGroup;
 use tessera_comm::{Collective, Solo};
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::cuda::{CudaLlama, DeviceKv};
 use tessera_model::kv_cache::{KvCache, SeqCache, SeqChunk};
 use tessera_model::llama::Llama;
 use tessera_model::loader;
+use tessera_model::rows::{RowOutput, RowRequest};
 use tessera_model::slice::SliceComm;
 use tessera_topology::plan_group;
 
@@ -420,5 +423,129 @@ fn decode_through_a_cuda_graph_matches_eager_launches() {
         say(format!(
             "{fixture}: 10 decode steps of 3 sequences through a graph of {kernels} kernels match the eager launches"
         ));
+    }
+}
+
+/// The sampler of row `i` of a batch: greedy, seeded sampling with each limit, or a
+/// penalty (which keeps the row on the host).
+fn row_sampler(i: usize) -> Sampler {
+    let seeded = SamplingParams {
+        temperature: [0.7, 1.0, 1.3][i % 3],
+        top_k: [0, 1, 20, 0][i % 4],
+        top_p: [1.0, 0.9, 0.6][i % 3],
+        min_p: [0.0, 0.05][i % 2],
+        seed: Some(100 + i as u64),
+        ..SamplingParams::default()
+    };
+    let params = match i % 5 {
+        0 => SamplingParams::default(),
+        4 => SamplingParams {
+            presence_penalty: 0.5,
+            ..seeded
+        },
+        _ => seeded,
+    };
+    Sampler::new(params, 0)
+}
+
+#[test]
+fn device_sampling_picks_the_host_samplers_tokens() {
+    let Some(dev) = device() else { return };
+    let path = repo_root().join("fixtures/models/llama-gqa/model.F32.gguf");
+    let model = CudaLlama::upload(&loader::load_weights(&path).unwrap(), dev).unwrap();
+    const PROMPT: [u32; 4] = [1, 5, 9, 13];
+    let mut solo = Solo::default();
+    for (batch, graphs) in [1, 8, 64].into_iter().flat_map(|b| [(b, true), (b, false)]) {
+        let mut kv = model.new_cache(64 << 20).unwrap();
+        kv.set_graphs(graphs);
+        let tables: Vec<Vec<u32>> = (0..batch as u32).map(|s| vec![2 * s, 2 * s + 1]).collect();
+        let mut samplers: Vec<Sampler> = (0..batch).map(row_sampler).collect();
+        let mut generated: Vec<Vec<u32>> = vec![Vec::new(); batch];
+        let mut next: Vec<u32> = (0..batch as u32).map(|s| 3 + s % 50).collect();
+        for table in &tables {
+            let chunk = SeqChunk {
+                tokens: &PROMPT,
+                start: 0,
+                block_table: table,
+                logits: false,
+            };
+            let mut comm = SliceComm::Host(&mut solo);
+            model.forward_batch(&[chunk], &mut kv, &mut comm).unwrap();
+        }
+        let (mut sampled_rows, mut host_rows) = (0, 0);
+        for step in 0..6 {
+            let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let chunks: Vec<SeqChunk<'_>> = tokens
+                .iter()
+                .zip(&tables)
+                .map(|(t, table)| SeqChunk {
+                    tokens: t,
+                    start: PROMPT.len() + step,
+                    block_table: table,
+                    logits: true,
+                })
+                .collect();
+            // Pass A brings every row's logits along; pass B, the same step again (the
+            // same K/V rewritten), only the tokens of the rows the device samples.
+            let request = |s: &Sampler, g: &[u32], logits: bool| RowRequest {
+                draw: s.device_draw(g.len()),
+                logits: logits || s.has_penalties(),
+            };
+            let with_logits: Vec<RowRequest> = (0..batch)
+                .map(|i| request(&samplers[i], &generated[i], true))
+                .collect();
+            let tokens_only: Vec<RowRequest> = (0..batch)
+                .map(|i| request(&samplers[i], &generated[i], false))
+                .collect();
+            let mut comm = SliceComm::Host(&mut solo);
+            let a = model
+                .forward_rows(&chunks, &mut kv, &mut comm, &with_logits)
+                .unwrap();
+            let b = model
+                .forward_rows(&chunks, &mut kv, &mut comm, &tokens_only)
+                .unwrap();
+            if graphs && step > 0 {
+                assert_eq!(
+                    kv.last_allocations(),
+                    0,
+                    "batch {batch}: a replayed step allocates"
+                );
+            }
+            let timing = kv.last_timing();
+            assert!(timing.device_wait <= timing.wall && timing.wall > Duration::ZERO);
+            for (i, (a, b)) in a.into_iter().zip(b).enumerate() {
+                let s = &mut samplers[i];
+                let (device, mut logits) = match a {
+                    RowOutput::Token { token, logits } => (Some(token), logits.unwrap()),
+                    RowOutput::Logits(logits) => (None, logits),
+                };
+                let host = s.sample(&mut logits, &PROMPT, &generated[i]);
+                let what = format!("batch {batch} graphs {graphs} step {step} row {i}");
+                match (device, b) {
+                    (
+                        Some(token),
+                        RowOutput::Token {
+                            token: again,
+                            logits: None,
+                        },
+                    ) => {
+                        assert_eq!(token, host, "{what}: the device's token");
+                        assert_eq!(again, host, "{what}: the device's token without logits");
+                        sampled_rows += 1;
+                    }
+                    (None, RowOutput::Logits(_)) => host_rows += 1,
+                    (device, b) => panic!("{what}: {device:?} then {b:?}"),
+                }
+                generated[i].push(host);
+                next[i] = host;
+            }
+        }
+        say(format!(
+            "batch {batch}, graphs {graphs}: {sampled_rows} rows sampled on the device as on \
+             the host, {host_rows} with penalties on the host; last step {:?} host of {:?}",
+            kv.last_timing().host(),
+            kv.last_timing().wall
+        ));
+        assert!(sampled_rows > 0);
     }
 }

@@ -35,6 +35,17 @@ struct Args {
     /// Directory with `ca.pem` and this shard's certificate (`tessera certs init`).
     #[arg(long, env = "TESSERA_CERTS")]
     certs: PathBuf,
+    /// Sample on the GPU, where this shard is the `cuda:N` rank of a one-rank group: only
+    /// token ids cross to the host, and logits only for requests that want logprobs or
+    /// use penalties. `0` samples every row on the host from its logits, as before.
+    #[arg(
+        long,
+        env = "TESSERA_DEVICE_SAMPLING",
+        default_value = "1",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::Set
+    )]
+    device_sampling: bool,
 }
 
 fn main() -> ExitCode {
@@ -124,6 +135,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         kv_memory_bytes: shard.kv_memory_bytes,
         #[cfg(feature = "cuda")]
         device,
+        device_sampling: args.device_sampling,
         step_delay: fault_step_delay()?,
     };
     std::thread::Builder::new()

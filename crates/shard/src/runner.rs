@@ -9,6 +9,12 @@
 //! finished) reach the other ranks through one broadcast per step, so no rank waits for
 //! the coordinator to learn a token. The runner reads no clock and does no I/O; the
 //! worker thread drives it.
+//!
+//! With device sampling on ([`StepRunner::with_device_sampling`]), each sampling row asks
+//! the pass for a token sampled where its logits are, with its sampler's settings and
+//! draw ([`row_request`]); the pass answers with the token, or with the logits where it
+//! cannot (the CPU, a group of more than one rank) and the runner samples those itself.
+//! Both apply the sampler's one rule to the same draw, so the tokens are the same.
 
 use std::collections::HashMap;
 
@@ -19,6 +25,7 @@ use tessera_comm::proto::{
 use tessera_kernels::sampling::{Sampler, logprobs};
 use tessera_model::generate::FinishRule;
 use tessera_model::kv_cache::SeqChunk;
+use tessera_model::rows::{RowOutput, RowRequest};
 use tessera_model::slice::{ModelSlice, SliceCache, SliceComm};
 use tessera_topology::Rank;
 
@@ -88,9 +95,12 @@ pub struct StepRunner {
     cache: SliceCache,
     blocks: BlockAllocator,
     seqs: HashMap<SeqId, Seq>,
+    /// Ask the pass to sample where the logits are.
+    device_sampling: bool,
 }
 
 impl StepRunner {
+    /// A runner that samples on the host from every row's logits.
     pub fn new(rank: Rank, epoch: Epoch, cache: SliceCache) -> StepRunner {
         let blocks = BlockAllocator::new(cache.num_blocks(), cache.block_size());
         StepRunner {
@@ -100,7 +110,16 @@ impl StepRunner {
             cache,
             blocks,
             seqs: HashMap::new(),
+            device_sampling: false,
         }
+    }
+
+    /// Whether sampling rows ask the pass for a token sampled where the logits are (a GPU
+    /// of a one-rank group does; elsewhere the logits come back all the same). Kept when
+    /// the runner carries into a new epoch.
+    pub fn with_device_sampling(mut self, on: bool) -> StepRunner {
+        self.device_sampling = on;
+        self
     }
 
     pub fn epoch(&self) -> Epoch {
@@ -199,16 +218,21 @@ impl StepRunner {
             return Ok(out);
         }
         self.reserve(&runs).map_err(bad)?;
-        let logits = self.forward(model, &runs, comm)?;
+        let requests: Vec<RowRequest> = runs
+            .iter()
+            .filter(|r| r.samples)
+            .map(|r| row_request(&self.seqs[&r.seq], self.device_sampling))
+            .collect();
+        let rows = self.forward(model, &runs, &requests, comm)?;
         let context = model.config().max_position_embeddings;
-        let mut sampled = Vec::with_capacity(logits.len());
+        let mut sampled = Vec::with_capacity(rows.len());
         let samplers = runs.iter().filter(|r| r.samples);
-        for (run, mut logits) in samplers.zip(logits) {
+        for (run, row) in samplers.zip(rows) {
             let seq = self
                 .seqs
                 .get_mut(&run.seq)
                 .expect("runs name held sequences");
-            sampled.push(sample(run.seq, seq, &mut logits, context));
+            sampled.push(sample(run.seq, seq, row, context));
         }
         for run in &runs {
             let seq = self
@@ -336,13 +360,15 @@ impl StepRunner {
         Ok(())
     }
 
-    /// One batched forward pass; the logits of every run that samples, in run order.
+    /// One batched forward pass; what `requests` ask for every run that samples, in run
+    /// order.
     fn forward(
         &mut self,
         model: &ModelSlice,
         runs: &[Run],
+        requests: &[RowRequest],
         comm: &mut SliceComm<'_>,
-    ) -> Result<Vec<Vec<f32>>, ShardError> {
+    ) -> Result<Vec<RowOutput>, ShardError> {
         let chunks: Vec<SeqChunk<'_>> = runs
             .iter()
             .map(|run| {
@@ -355,7 +381,21 @@ impl StepRunner {
                 }
             })
             .collect();
-        Ok(model.forward_batch(&chunks, &mut self.cache, comm)?)
+        Ok(model.forward_rows(&chunks, &mut self.cache, comm, requests)?)
+    }
+}
+
+/// What `seq`'s sampling row asks of the pass: with device sampling on, its sampler's
+/// settings and draw for the next token (the logits too for logprobs), unless penalties
+/// keep it on the host; otherwise, and on ranks that do not sample, its logits.
+fn row_request(seq: &Seq, device_sampling: bool) -> RowRequest {
+    let draw = match &seq.sampler {
+        Some(sampler) if device_sampling => sampler.device_draw(seq.generated()),
+        _ => None,
+    };
+    RowRequest {
+        draw,
+        logits: draw.is_none() || seq.top_logprobs.is_some(),
     }
 }
 
@@ -370,9 +410,10 @@ fn register_full_blocks(blocks: &mut BlockAllocator, seq: &mut Seq) {
     }
 }
 
-/// Rank 0 picks the next token and decides whether the sequence ends with it; other
-/// ranks return a placeholder that [`share_samples`] overwrites.
-fn sample(id: SeqId, seq: &mut Seq, logits: &mut [f32], context: usize) -> SeqToken {
+/// Rank 0 takes the next token (sampled on the device, or here from the row's logits)
+/// and decides whether the sequence ends with it; other ranks return a placeholder that
+/// [`share_samples`] overwrites.
+fn sample(id: SeqId, seq: &mut Seq, row: RowOutput, context: usize) -> SeqToken {
     let Some(sampler) = seq.sampler.as_mut() else {
         return SeqToken {
             seq: id,
@@ -381,9 +422,15 @@ fn sample(id: SeqId, seq: &mut Seq, logits: &mut [f32], context: usize) -> SeqTo
             logprobs: None,
         };
     };
-    let raw = seq.top_logprobs.map(|k| (logits.to_vec(), k));
-    let (prompt, generated) = seq.tokens.split_at(seq.prompt_len);
-    let token = sampler.sample(logits, prompt, generated);
+    let (token, raw) = match row {
+        RowOutput::Token { token, logits } => (token, logits),
+        RowOutput::Logits(mut logits) => {
+            // Logprobs are of the raw logits, before the penalties.
+            let raw = seq.top_logprobs.map(|_| logits.clone());
+            let (prompt, generated) = seq.tokens.split_at(seq.prompt_len);
+            (sampler.sample(&mut logits, prompt, generated), raw)
+        }
+    };
     let rule = FinishRule {
         stop_tokens: &seq.stop_token_ids,
         max_tokens: seq.max_tokens as usize,
@@ -391,10 +438,13 @@ fn sample(id: SeqId, seq: &mut Seq, logits: &mut [f32], context: usize) -> SeqTo
     };
     // `token` is not pushed yet: it is one more generated token and one more in all.
     let finish = rule.check(token, seq.generated() + 1, seq.tokens.len() + 1);
-    let logprobs = raw.map(|(raw, k)| {
-        let (logprob, top) = logprobs(&raw, token, usize::from(k));
-        TokenLogprobs { logprob, top }
-    });
+    let logprobs = match (seq.top_logprobs, raw) {
+        (Some(k), Some(raw)) => {
+            let (logprob, top) = logprobs(&raw, token, usize::from(k));
+            Some(TokenLogprobs { logprob, top })
+        }
+        _ => None,
+    };
     SeqToken {
         seq: id,
         token,
@@ -438,3 +488,6 @@ fn share_samples(
     }
     Ok(sampled)
 }
+
+#[cfg(test)]
+mod tests;

@@ -155,3 +155,19 @@ fn a_cuda_device_in_a_build_without_cuda_is_a_clear_error() {
     let err = cuda_shard_error();
     assert!(err.contains("built without CUDA support"), "{err}");
 }
+
+#[test]
+fn a_device_sampling_switch_that_is_not_a_boolean_is_refused_at_start() {
+    let out = Command::new(SHARD)
+        .args(["--topology", "/t.toml", "--group", "g", "--rank", "0"])
+        .args(["--certs", "/x"])
+        .env("TESSERA_DEVICE_SAMPLING", "maybe")
+        .output()
+        .expect("shard runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("maybe") && err.contains("--device-sampling"),
+        "{err}"
+    );
+}

@@ -2,7 +2,8 @@
 //! kernel is built from: one row with one vector ([`RowDot`]) or with several at once
 //! ([`BatchDot`], bit for bit the same per vector).
 //!
-//! Also the CPU twin of the CUDA sampling kernel ([`sample_threshold`]).
+//! Also the sampling rule ([`sample_threshold`]): the host sampler's, and the CPU twin of
+//! the CUDA sampling kernel, to the bit.
 //!
 //! [`Features::get`] is read once per process. Each SIMD path has the scalar reference in
 //! [`crate::quant::dot_row`] as its twin; tests compare the two on random data.
@@ -13,7 +14,9 @@ mod dot;
 mod threshold_sampling;
 
 pub use dot::{BatchDot, RowDot, dot_f32};
-pub use threshold_sampling::{ThresholdParams, sample_threshold};
+pub use threshold_sampling::{
+    RowDraw, SampleScratch, ThresholdParams, sample_threshold, sample_threshold_in,
+};
 
 use std::sync::OnceLock;
 

@@ -1,163 +1,270 @@
-//! The CPU twin of the CUDA `sample_rows` kernel (`cuda/sampling.cu`): the same rule, step
-//! for step, so that the GPU check can compare the two token for token.
+//! The sampling rule, in one place. The host's [`Sampler`](crate::sampling::Sampler)
+//! applies it after the penalties, and the CUDA `sample_rows` kernel (`cuda/sampling.cu`) is
+//! its twin: the same float operations in the same order and the same integer sums, so that
+//! for the same logits, settings and draw both pick the same token, to the bit.
 //!
-//! Temperature ≤ 0: the first index of the maximum. Otherwise `p_i = exp((l_i − max) / T)`
-//! (the largest is 1); the kept tokens are those with `p_i ≥ max(min_p, t_k, t_p)`, `t_k`
-//! the largest threshold (found by bisection) that keeps at least `top_k` tokens and `t_p`
-//! the largest that keeps at least `top_p` of the mass; the token is where the kept mass,
-//! summed in index order, first exceeds `u ·` (kept mass).
+//! Temperature ≤ 0 (or NaN), or no finite maximum: greedy, the first index of the maximum.
+//! Otherwise, with `x_i = l_i / T`:
+//! - tokens are taken in order of `x`, largest first, lower index first on ties (the order
+//!   of [`order_key`]);
+//! - each weighs `w_i = e^(x_i − max x)` ([`sampling_exp`]: the largest weighs 1), summed
+//!   as the integers `⌊w_i · 2⁴⁰⌋`, so that every sum is exact in any order;
+//! - top-k (0 < k < vocab) keeps the tokens whose `x` is at least the k-th largest (ties at
+//!   the cut stay);
+//! - top-p (< 1) then keeps the shortest head of that order, in whole groups of equal `x`,
+//!   whose weight reaches `⌊top_p · W_k⌋` (`W_k`: what top-k kept);
+//! - min-p (> 0) then drops the tokens with `w_i < min_p` (relative to the largest);
+//! - the token is the first, in that order, at which the kept weight summed so far reaches
+//!   `max(1, ⌊u · W⌋)` (`W`: all the kept weight), `u` the uniform draw in `[0, 1)`.
+//!
+//! These are the steps of vLLM and transformers (temperature, top-k, softmax, top-p, min-p,
+//! one inverse-CDF draw over the sorted probabilities) with exact sums where they sum
+//! floats, which is what lets a GPU, summing in another order, agree.
 
-/// Bisection steps for a threshold: 2⁻³² of the unit interval.
-const BISECT_STEPS: usize = 32;
+/// A weight's fixed-point scale, 2⁴⁰: a vocabulary of 2¹⁷ weights of at most 1 sums below
+/// 2⁵⁸, and a weight of 2⁻⁴⁰ still counts.
+const FIXED_ONE: f32 = 1_099_511_627_776.0;
 
 /// The sampling settings of one row.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ThresholdParams {
+    /// ≤ 0: greedy.
     pub temperature: f32,
     /// 0: no limit.
     pub top_k: u32,
     /// 1: no limit.
     pub top_p: f32,
+    /// 0: no limit.
     pub min_p: f32,
 }
 
-/// The token of one row of logits for the uniform draw `u` in `[0, 1)`.
-pub fn sample_threshold(logits: &[f32], params: ThresholdParams, u: f32) -> u32 {
-    let (mut m, mut argmax) = (f32::NEG_INFINITY, 0u32);
-    for (i, &v) in logits.iter().enumerate() {
-        if v > m {
-            m = v;
-            argmax = i as u32;
-        }
+impl ThresholdParams {
+    /// The first index of the maximum.
+    pub const GREEDY: ThresholdParams = ThresholdParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+    };
+
+    /// Whether these settings pick the maximum without a draw.
+    pub fn is_greedy(&self) -> bool {
+        // NaN is greedy too.
+        self.temperature.is_nan() || self.temperature <= 0.0
     }
-    if params.temperature <= 0.0 || params.temperature.is_nan() || m == f32::NEG_INFINITY {
+}
+
+/// One row's part of the rule: its settings and its uniform draw in `[0, 1)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowDraw {
+    pub params: ThresholdParams,
+    pub uniform: f32,
+}
+
+/// Memory [`sample_threshold_in`] reuses from call to call.
+#[derive(Debug, Default)]
+pub struct SampleScratch {
+    /// Tokens in the rule's order: `!key << 32 | index`, ascending.
+    order: Vec<u64>,
+    /// `w` of each token of `order`.
+    weights: Vec<f32>,
+}
+
+/// The token of one row of logits for the draw `u` (see the module's rule).
+pub fn sample_threshold(logits: &[f32], params: ThresholdParams, u: f32) -> u32 {
+    sample_threshold_in(logits, params, u, &mut SampleScratch::default())
+}
+
+/// [`sample_threshold`] with memory kept between calls.
+pub fn sample_threshold_in(
+    logits: &[f32],
+    params: ThresholdParams,
+    u: f32,
+    scratch: &mut SampleScratch,
+) -> u32 {
+    let (max, argmax) = first_max(logits);
+    let t = params.temperature;
+    if params.is_greedy() || !max.is_finite() {
         return argmax;
     }
-    let inv_t = 1.0 / params.temperature;
-    let p = |l: f32| ((l - m) * inv_t).exp();
-    let at_least = |t: f32, count: bool| -> f32 {
+    let x_max = max / t;
+    let SampleScratch { order, weights } = scratch;
+    order.clear();
+    order.extend(
         logits
             .iter()
-            .map(|&l| p(l))
-            .filter(|&q| q >= t)
-            .map(|q| if count { 1.0 } else { q })
-            .sum()
+            .enumerate()
+            .map(|(i, &l)| entry(order_key(l / t), i)),
+    );
+    let k = params.top_k as usize;
+    if k > 0 && k < logits.len() {
+        keep_top_k(order, k);
+    }
+    order.sort_unstable();
+    weights.clear();
+    weights.extend(
+        order
+            .iter()
+            .map(|&e| sampling_exp(key_value(key_of(e)) - x_max)),
+    );
+    let end = if params.top_p < 1.0 {
+        top_p_end(order, weights, params.top_p)
+    } else {
+        order.len()
     };
-    let threshold = |need: f32, count: bool| -> f32 {
-        if at_least(1.0, count) >= need {
-            return 1.0;
-        }
-        let (mut lo, mut hi) = (0.0f32, 1.0f32);
-        for _ in 0..BISECT_STEPS {
-            let mid = 0.5 * (lo + hi);
-            if at_least(mid, count) >= need {
-                lo = mid;
-            } else {
-                hi = mid;
+    let min_w = if params.min_p > 0.0 {
+        params.min_p.min(1.0)
+    } else {
+        0.0
+    };
+    let (order, weights) = (&order[..end], &weights[..end]);
+    let kept = weights.iter().filter(|&&w| w >= min_w);
+    let total: u64 = kept.map(|&w| fixed(w)).sum();
+    if total == 0 {
+        return argmax;
+    }
+    let need = need_of(u, total);
+    let mut sum = 0u64;
+    for (&e, &w) in order.iter().zip(weights) {
+        if w >= min_w {
+            sum += fixed(w);
+            if sum >= need {
+                return index_of(e);
             }
         }
-        lo
-    };
-    let mut t = params.min_p.clamp(0.0, 1.0);
-    let vocab = logits.len();
-    if params.top_k > 0 && (params.top_k as usize) < vocab {
-        t = t.max(threshold(params.top_k as f32, true));
     }
-    if params.top_p < 1.0 {
-        let total = at_least(0.0, false);
-        t = t.max(threshold(params.top_p * total, false));
-    }
-    let kept = at_least(t, false);
-    let target = u * kept;
-    let mut run = 0.0f32;
-    for (i, &l) in logits.iter().enumerate() {
-        let q = p(l);
-        if q >= t {
-            run += q;
-            if target < run {
-                return i as u32;
-            }
-        }
-    }
-    // Rounding left the target past the last kept token: the maximum is always kept.
     argmax
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(temperature: f32, top_k: u32, top_p: f32, min_p: f32) -> ThresholdParams {
-        ThresholdParams {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
+/// The largest logit and the first index holding it (NaN never is; 0 when none is above −∞).
+fn first_max(logits: &[f32]) -> (f32, u32) {
+    let (mut max, mut at) = (f32::NEG_INFINITY, 0u32);
+    for (i, &l) in logits.iter().enumerate() {
+        if l > max {
+            max = l;
+            at = i as u32;
         }
     }
+    (max, at)
+}
 
-    #[test]
-    fn greedy_and_degenerate_limits_pick_the_maximum() {
-        // Greedy takes the first of two equal maxima; min_p = 1 keeps both.
-        let logits = [0.5, 3.0, -1.0, 3.0, 2.9];
-        assert_eq!(sample_threshold(&logits, params(0.0, 0, 1.0, 0.0), 0.99), 1);
-        assert_eq!(sample_threshold(&logits, params(1.0, 0, 1.0, 1.0), 0.0), 1);
-        assert_eq!(sample_threshold(&logits, params(1.0, 0, 1.0, 1.0), 0.99), 3);
-        for u in [0.0, 0.3, 0.999] {
-            assert_eq!(
-                sample_threshold(&logits[..3], params(1.0, 1, 1.0, 0.0), u),
-                1
-            );
-            assert_eq!(
-                sample_threshold(&logits[..3], params(1.0, 0, 1.0, 1.0), u),
-                1
-            );
-            assert_eq!(
-                sample_threshold(&logits[..3], params(1.0, 0, 1e-6, 0.0), u),
-                1
-            );
+/// Keeps the entries whose key is at least the k-th largest, in no order.
+fn keep_top_k(order: &mut Vec<u64>, k: usize) {
+    order.select_nth_unstable(k - 1);
+    let level = key_of(order[k - 1]);
+    let mut kept = k;
+    for j in k..order.len() {
+        if key_of(order[j]) == level {
+            order.swap(kept, j);
+            kept += 1;
         }
     }
+    order.truncate(kept);
+}
 
-    #[test]
-    fn top_k_keeps_the_k_best_and_the_draw_walks_them_in_index_order() {
-        // p ∝ e^l: 1, e², e⁴, e³ for l = 0, 2, 4, 3; top-2 keeps indices 2 and 3.
-        let logits = [0.0, 2.0, 4.0, 3.0];
-        let p2 = 1.0f32;
-        let p3 = (-1.0f32).exp();
-        let cut = p2 / (p2 + p3);
-        let pick = |u| sample_threshold(&logits, params(1.0, 2, 1.0, 0.0), u);
-        assert_eq!(pick(0.0), 2);
-        assert_eq!(pick(cut - 1e-3), 2);
-        assert_eq!(pick(cut + 1e-3), 3);
-        assert_eq!(pick(0.9999), 3);
-    }
-
-    #[test]
-    fn frequencies_follow_the_kept_distribution() {
-        let logits = [1.0, 0.0, 2.0, -5.0];
-        let mut counts = [0usize; 4];
-        let n = 20_000;
-        for i in 0..n {
-            let u = (i as f32 + 0.5) / n as f32;
-            counts[sample_threshold(&logits, params(1.0, 0, 1.0, 0.0), u) as usize] += 1;
+/// The end of the shortest head of `order`, in whole groups of one key, whose weight
+/// reaches `top_p` of the weight of all of `order`.
+fn top_p_end(order: &[u64], weights: &[f32], top_p: f32) -> usize {
+    let total: u64 = weights.iter().map(|&w| fixed(w)).sum();
+    let need = need_of(top_p, total);
+    let (mut sum, mut j) = (0u64, 0);
+    while j < order.len() {
+        let key = key_of(order[j]);
+        while j < order.len() && key_of(order[j]) == key {
+            sum += fixed(weights[j]);
+            j += 1;
         }
-        let z: f32 = logits.iter().map(|l| l.exp()).sum();
-        for (c, l) in counts.iter().zip(logits) {
-            let want = l.exp() / z;
-            let got = *c as f32 / n as f32;
-            assert!((got - want).abs() < 2e-3, "{got} vs {want}");
+        if sum >= need {
+            return j;
         }
     }
+    order.len()
+}
 
-    #[test]
-    fn top_p_keeps_the_smallest_head_with_that_mass() {
-        // Probabilities 0.5, 0.3, 0.2 (as logits); top_p 0.7 keeps the first two.
-        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
-        for i in 0..100 {
-            let u = i as f32 / 100.0;
-            let token = sample_threshold(&logits, params(1.0, 0, 0.7, 0.0), u);
-            assert!(token < 2, "u {u}: {token}");
-        }
+/// `max(1, ⌊ratio · total⌋)`, the product in f64 (as the kernel computes it).
+fn need_of(ratio: f32, total: u64) -> u64 {
+    let need = if ratio > 0.0 {
+        (f64::from(ratio) * total as f64) as u64
+    } else {
+        0
+    };
+    need.max(1)
+}
+
+/// `⌊w · 2⁴⁰⌋`; 0 for a weight that is not positive.
+fn fixed(w: f32) -> u64 {
+    if w > 0.0 { (w * FIXED_ONE) as u64 } else { 0 }
+}
+
+fn entry(key: u32, index: usize) -> u64 {
+    (u64::from(!key) << 32) | index as u64
+}
+
+fn key_of(entry: u64) -> u32 {
+    !((entry >> 32) as u32)
+}
+
+fn index_of(entry: u64) -> u32 {
+    entry as u32
+}
+
+/// The bits of `x` as an unsigned integer in the order of `x` (−0 just below +0; NaNs
+/// at the ends, by their bits).
+pub fn order_key(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
     }
 }
+
+/// The float whose [`order_key`] is `key`.
+pub fn key_value(key: u32) -> f32 {
+    f32::from_bits(if key & 0x8000_0000 != 0 {
+        key & 0x7fff_ffff
+    } else {
+        !key
+    })
+}
+
+/// `log2 e`, `ln 2` in two parts (the first exact in a product with any exponent of f32),
+/// and the Taylor coefficients 1/6! … 1/2!, as f32 bits (`sampling.cu` writes the same).
+const LOG2_E: u32 = 0x3fb8_aa3b;
+const LN2_HI: u32 = 0x3f31_7200;
+const LN2_LO: u32 = 0x35bf_be8e;
+const TAYLOR: [u32; 5] = [
+    0x3ab6_0b61,
+    0x3c08_8889,
+    0x3d2a_aaab,
+    0x3e2a_aaab,
+    0x3f00_0000,
+];
+
+/// `e^x` for `x ≤ 0` from f32 multiplies and adds in a fixed order, none fused, so that
+/// `sampling.cu` computes the same bits: `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, a degree-6
+/// Taylor polynomial of `r`, scaled by `2^n`. Within 4 ulp of `e^x`; 0 below −104 (where
+/// `e^x` is below half the smallest subnormal) and for NaN.
+pub fn sampling_exp(x: f32) -> f32 {
+    if x.is_nan() || x < -104.0 {
+        return 0.0;
+    }
+    let f = f32::from_bits;
+    let n = (x * f(LOG2_E) + 0.5).floor();
+    let r = (x - n * f(LN2_HI)) - n * f(LN2_LO);
+    let mut p = f(TAYLOR[0]);
+    for &c in &TAYLOR[1..] {
+        p = p * r + f(c);
+    }
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let mut e = n as i32;
+    if e < -126 {
+        p *= f(1 << 23); // 2⁻¹²⁶
+        e += 126;
+    }
+    p * f(((e + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests;

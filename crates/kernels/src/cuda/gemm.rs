@@ -48,13 +48,13 @@ impl Blas {
 
     /// `ys[t, r] = Σ_c W[r, c] · xs[t, c]` for `W` of `rows × cols` (bf16 bits), `xs` of
     /// `tokens × cols` (bf16 bits) and `ys` of `tokens × rows` (f32), on the handle's
-    /// stream. Counted as one launch of `ops`.
+    /// stream; buffers or views of them. Counted as one launch of `ops`.
     pub fn gemm_bf16(
         &self,
         ops: &Ops<'_>,
-        ys: &mut CudaSlice<f32>,
+        ys: &mut impl DevicePtrMut<f32>,
         w: &CudaSlice<u16>,
-        xs: &CudaSlice<u16>,
+        xs: &impl DevicePtr<u16>,
         (rows, cols): (usize, usize),
     ) -> Result<(), CudaError> {
         check("gemm weight", rows * cols, w.len())?;

@@ -25,11 +25,13 @@ pub mod ops;
 pub mod source;
 
 pub use compile::{PtxCache, compile_family, nvrtc_version};
-pub use cudarc::driver::{CudaSlice, CudaStream};
+pub use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice,
+};
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
-pub use ops::{AttentionIndex, Ops, Slots};
+pub use ops::{AttentionIndex, Ops, SampleBuffers, Slots};
 pub use source::{FAMILIES, KernelFamily};
 
 /// Why the CUDA backend cannot run.

@@ -6,7 +6,8 @@
 //! (rounded up to [`GRAPH_BATCHES`]) has buffers of its own, its block tables have room
 //! for [`GRAPH_MAX_CONTEXT`] positions, and its attention launches every partition of
 //! that length (partitions past a sequence's context return at once). Padding rows run
-//! token 0 at position 0 with no KV write and are dropped. Graphs apply with tp = 1 (a
+//! token 0 at position 0 with no KV write and are dropped (their logits rows come after
+//! the batch's, and nothing reads them). Graphs apply with tp = 1 (a
 //! collective through the host cannot be captured); a batch they do not fit, or a capture
 //! that fails, runs eagerly.
 
@@ -78,8 +79,6 @@ impl DecodeGraphs {
 /// The host inputs of a decode batch padded to a graph's batch size.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct PaddedDecode {
-    /// Rows of the batch (the rest are padding).
-    pub(crate) rows: usize,
     pub(crate) tokens: Vec<u32>,
     pub(crate) positions: Vec<u32>,
     pub(crate) slots: Vec<i64>,
@@ -114,7 +113,6 @@ pub(crate) fn pad_decode(ix: &BatchIndex, batch: usize, max_blocks: usize) -> Op
     let mut slots = ix.slots.clone();
     slots.resize(batch, -1);
     Some(PaddedDecode {
-        rows: n,
         tokens: pad(&ix.tokens, 0),
         positions: pad(&ix.positions, 0),
         slots,
@@ -135,16 +133,25 @@ impl DeviceKv {
     }
 }
 
+impl DecodeGraphs {
+    /// The logits buffer of graph `i` (as [`CudaLlama::decode_by_graph`] names it): its
+    /// batch's rows, padding rows after the batch's.
+    pub(crate) fn logits(&self, i: usize) -> &CudaSlice<f32> {
+        &self.graphs[i].logits
+    }
+}
+
 impl CudaLlama {
-    /// This rank's logits rows (host, `n × head rows`) of a decode batch run through its
-    /// graph, or `None` when graphs do not apply (then the batch runs eagerly).
+    /// Runs a decode batch through its graph, leaving its logits in the graph's buffer;
+    /// returns which graph, or `None` when graphs do not apply (then the batch runs
+    /// eagerly).
     pub(super) fn decode_by_graph(
         &self,
         ops: &Ops<'_>,
         ix: &BatchIndex,
         kv: &mut DeviceKv,
         comm: &mut dyn Collective,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
+    ) -> Result<Option<usize>, ModelError> {
         kv.graphs.last_kernels = 0;
         if kv.graphs.disabled || comm.world_size() != 1 {
             return Ok(None);
@@ -168,11 +175,7 @@ impl CudaLlama {
         let mut graphs = std::mem::take(&mut kv.graphs);
         let result = self.replay(ops, &mut graphs, kv, batch, max_blocks, &padded);
         kv.graphs = graphs;
-        let rows = result?;
-        if rows.is_some() {
-            kv.last_launches = 1;
-        }
-        Ok(rows)
+        result
     }
 
     fn replay(
@@ -183,7 +186,7 @@ impl CudaLlama {
         batch: usize,
         max_blocks: usize,
         padded: &PaddedDecode,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
+    ) -> Result<Option<usize>, ModelError> {
         if !graphs.graphs.iter().any(|g| g.batch == batch) {
             match self.capture(ops, kv, batch, max_blocks) {
                 Ok(g) => {
@@ -197,11 +200,12 @@ impl CudaLlama {
                 }
             }
         }
-        let g = graphs
+        let i = graphs
             .graphs
-            .iter_mut()
-            .find(|g| g.batch == batch)
+            .iter()
+            .position(|g| g.batch == batch)
             .expect("captured above");
+        let g = &mut graphs.graphs[i];
         let block_size = kv.layout().block_size;
         ops.copy_to_device(&padded.tokens, &mut g.scratch.ids)?;
         ops.copy_to_device(&padded.positions, &mut g.scratch.positions)?;
@@ -209,8 +213,7 @@ impl CudaLlama {
         ops.update_attention_index(&mut g.index, &padded.tables, &padded.contexts, block_size)?;
         ops.launch_graph(&g.graph)?;
         graphs.last_kernels = g.graph.kernels();
-        let rows = padded.rows * self.head().rows;
-        Ok(Some(ops.download_prefix(&g.logits, rows)?))
+        Ok(Some(i))
     }
 
     /// Builds the buffers of a `batch`-row decode graph, runs the pass once eagerly (so
@@ -304,7 +307,6 @@ mod tests {
         ];
         let ix = BatchIndex::new(&batch, 4);
         let padded = pad_decode(&ix, 4, 3).expect("a decode batch");
-        assert_eq!(padded.rows, 2);
         assert_eq!(padded.tokens, [5, 6, 0, 0]);
         assert_eq!(padded.positions, [4, 0, 0, 0]);
         // Position 4 is offset 0 of block 9; padding rows write nothing.

@@ -1,10 +1,12 @@
 //! A rank's paged KV cache in device memory (bf16, the layout of `attention.cu`:
-//! `[blocks][block_size][kv_heads][head_dim]` per layer), and the activations of one pass,
-//! kept between passes of the same token count so that a decode step allocates nothing.
+//! `[blocks][block_size][kv_heads][head_dim]` per layer), the activations of one pass,
+//! kept between passes of the same token count, and the buffers of a step's end
+//! ([`StepBuffers`]), made with the cache, so that a decode step allocates nothing.
 
 use tessera_kernels::attention::KvLayout;
 use tessera_kernels::cuda::{CudaSlice, Ops};
 
+use super::step::{PassTiming, StepBuffers};
 use crate::error::ModelError;
 use crate::kv_cache::blocks_for_budget;
 
@@ -21,19 +23,26 @@ pub struct DeviceKv {
     pub(crate) scratch: Option<Box<Scratch>>,
     /// Captured decode passes over this cache.
     pub(crate) graphs: super::graph::DecodeGraphs,
+    /// The end of every step: final-normed rows, logits, sampling.
+    pub(crate) step: Box<StepBuffers>,
     /// Kernel launches of the last pass (cuBLAS calls counted one each).
     pub(crate) last_launches: u64,
+    /// Device buffers the last pass allocated.
+    pub(crate) last_allocations: u64,
+    pub(crate) last_timing: PassTiming,
 }
 
 impl DeviceKv {
-    /// A cache of as many blocks as `budget_bytes` holds for `layers` layers; refused when
-    /// the budget is not free on the device (`free_bytes`) or holds no block.
+    /// A cache of as many blocks as `budget_bytes` holds for `layers` layers, with the
+    /// step buffers `step`; refused when the budget is not free on the device
+    /// (`free_bytes`, after the step buffers) or holds no block.
     pub(crate) fn new(
         ops: &Ops<'_>,
         layout: KvLayout,
         layers: usize,
         budget_bytes: usize,
         free_bytes: usize,
+        step: StepBuffers,
     ) -> Result<DeviceKv, ModelError> {
         let num_blocks = blocks_for_budget(layout, layers, budget_bytes, DEVICE_KV_VALUE_BYTES);
         let pool = num_blocks * layout.block_len();
@@ -52,7 +61,9 @@ impl DeviceKv {
             return Err(ModelError::Plan {
                 message: format!(
                     "the KV budget needs {bytes} bytes of device memory; {free_bytes} are free \
-                     after the weights (lower kv_memory in the topology)"
+                     after the weights and {} bytes of step buffers (lower kv_memory in the \
+                     topology)",
+                    step.device_bytes()
                 ),
             });
         }
@@ -69,7 +80,10 @@ impl DeviceKv {
             v,
             scratch: None,
             graphs: super::graph::DecodeGraphs::from_env(),
+            step: Box::new(step),
             last_launches: 0,
+            last_allocations: 0,
+            last_timing: PassTiming::default(),
         })
     }
 
@@ -81,9 +95,25 @@ impl DeviceKv {
         self.num_blocks
     }
 
-    /// Kernel launches of the last forward pass (1 when it replayed a graph).
+    /// Kernel launches of the last forward pass (a replayed graph counts one).
     pub fn last_launches(&self) -> u64 {
         self.last_launches
+    }
+
+    /// Device buffers the last forward pass allocated (0 for a decode step through a
+    /// graph once its batch size is captured).
+    pub fn last_allocations(&self) -> u64 {
+        self.last_allocations
+    }
+
+    /// Where the host's time went in the last forward pass.
+    pub fn last_timing(&self) -> PassTiming {
+        self.last_timing
+    }
+
+    /// Rows that want logits a step may have before the step buffers grow.
+    pub fn step_rows(&self) -> usize {
+        self.step.rows()
     }
 }
 

@@ -13,12 +13,18 @@
 //! staged through it (device → host → ring → device), the CPU collective between GPU
 //! shards that lets tp > 1 run on one GPU. The logits' all-gather is small and always goes
 //! through the host.
+//!
+//! A pass ends as the step runner asks for each row that wants logits ([`RowRequest`]):
+//! with tp = 1 the device samples the rows that ask, and only their token ids cross to
+//! the host (`step`); every other row's logits cross.
 
 mod graph;
 mod kv;
+mod step;
 mod weights;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tessera_kernels::attention::KvLayout;
 use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStream, Ops, Slots};
@@ -30,9 +36,12 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
+use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 use crate::slice::SliceComm;
 pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
 use kv::{Scratch, Widths};
+use step::StepBuffers;
+pub use step::{DEFAULT_STEP_ROWS, PassTiming};
 use weights::{DeviceLinear, Input};
 
 /// One decoder block on the device.
@@ -204,15 +213,24 @@ impl CudaLlama {
         }
     }
 
-    /// A KV cache of as many blocks as `budget_bytes` holds (bf16), in device memory.
+    /// A KV cache of as many blocks as `budget_bytes` holds (bf16), in device memory, with
+    /// the buffers of a step's end for [`DEFAULT_STEP_ROWS`] rows.
     pub fn new_cache(&self, budget_bytes: usize) -> Result<DeviceKv, ModelError> {
         let ops = self.ops();
+        let step = StepBuffers::new(
+            &ops,
+            DEFAULT_STEP_ROWS,
+            self.config.hidden_size,
+            self.head().rows,
+        )?;
+        ops.synchronize()?;
         DeviceKv::new(
             &ops,
             self.kv_layout(),
             self.config.num_hidden_layers,
             budget_bytes,
             self.device.free_memory()?,
+            step,
         )
     }
 
@@ -228,32 +246,61 @@ impl CudaLlama {
         kv: &mut DeviceKv,
         comm: &mut SliceComm<'_>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let requests = vec![RowRequest::LOGITS; wanted_rows(batch)];
+        let rows = self.forward_rows(batch, kv, comm, &requests)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(RowOutput::into_logits)
+            .collect())
+    }
+
+    /// [`CudaLlama::forward_batch`], each row that wants logits finished as its request
+    /// (one per row, in batch order) asks: with tp = 1, a row with a draw is sampled on the
+    /// device and only its token (and its logits, where asked) comes back; every other
+    /// row's logits come back. Records the pass's launches, allocations and timing.
+    pub fn forward_rows(
+        &self,
+        batch: &[SeqChunk<'_>],
+        kv: &mut DeviceKv,
+        comm: &mut SliceComm<'_>,
+        requests: &[RowRequest],
+    ) -> Result<Vec<RowOutput>, ModelError> {
+        let started = Instant::now();
         let c = &self.config;
         self.sharding.check_collective(comm.host())?;
         let layout = kv.layout();
         let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, kv.num_blocks()))?;
-        let n = ix.tokens.len();
+        check_requests(requests.len(), ix.wanted.len())?;
         check_kv_layout(self.kv_layout(), layout)?;
         let ops = self.ops();
-        if let Some(rows) = self.decode_by_graph(&ops, &ix, kv, comm.host())? {
-            return self
-                .sharding
-                .gather_logits(&rows, ix.wanted.len(), comm.host());
+        kv.step.fit(&ops, ix.wanted.len())?;
+        let graph = self.decode_by_graph(&ops, &ix, kv, comm.host())?;
+        if graph.is_none() {
+            let (n, widths) = (ix.tokens.len(), self.widths());
+            let mut s = match kv.scratch.take() {
+                Some(s) if s.tokens == n && s.widths == widths => s,
+                _ => Box::new(Scratch::new(&ops, n, widths)?),
+            };
+            let result = self.eager(&ops, &ix, &mut s, kv, comm);
+            kv.scratch = Some(s);
+            result?;
         }
-        let widths = self.widths();
-        let mut s = match kv.scratch.take() {
-            Some(s) if s.tokens == n && s.widths == widths => s,
-            _ => Box::new(Scratch::new(&ops, n, widths)?),
+        let (rows, device_wait) = if ix.wanted.is_empty() {
+            (Vec::new(), std::time::Duration::ZERO) // nothing waits for the device
+        } else {
+            let logits = match graph {
+                Some(i) => kv.graphs.logits(i),
+                None => &kv.step.logits,
+            };
+            self.finish(&ops, logits, requests, &mut kv.step.finish, comm.host())?
         };
-        let result = self.eager(&ops, &ix, &mut s, kv, comm);
-        kv.scratch = Some(s);
         kv.last_launches = ops.launches();
-        let Some(normed) = result? else {
-            return Ok(Vec::new()); // no chunk wants logits
+        kv.last_allocations = ops.allocations();
+        kv.last_timing = PassTiming {
+            wall: started.elapsed(),
+            device_wait,
         };
-        let logits = self.logits(&ops, &normed, ix.wanted.len())?;
-        self.sharding
-            .gather_logits(&logits, ix.wanted.len(), comm.host())
+        Ok(rows)
     }
 
     fn widths(&self) -> Widths {
@@ -271,7 +318,8 @@ impl CudaLlama {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// The batch launched kernel by kernel; the final-normed rows of the wanted tokens.
+    /// The batch launched kernel by kernel; the logits of the wanted tokens in the first
+    /// rows of the step buffers.
     fn eager(
         &self,
         ops: &Ops<'_>,
@@ -279,7 +327,7 @@ impl CudaLlama {
         s: &mut Scratch,
         kv: &mut DeviceKv,
         comm: &mut SliceComm<'_>,
-    ) -> Result<Option<CudaSlice<f32>>, ModelError> {
+    ) -> Result<(), ModelError> {
         let layout = kv.layout();
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
         ops.copy_to_device(&ix.positions, &mut s.positions)?;
@@ -295,12 +343,9 @@ impl CudaLlama {
         )?;
         self.pass(ops, s, &slots, &mut index, kv, comm)?;
         if ix.wanted.is_empty() {
-            return Ok(None);
+            return Ok(());
         }
-        let hidden = self.config.hidden_size;
-        let mut normed = ops.alloc::<f32>(ix.wanted.len() * hidden)?;
-        ops.gather_rows(&mut normed, &s.h, &ix.wanted, hidden)?;
-        Ok(Some(normed))
+        self.logits(ops, s, &ix.wanted, &mut kv.step)
     }
 
     /// Every layer over the batch, from the embedding of `s.ids` to the final norm (in
@@ -388,23 +433,34 @@ impl CudaLlama {
         Ok(())
     }
 
-    /// This rank's vocabulary rows of the logits of the `n` normed rows, on the host.
+    /// This rank's vocabulary rows of the logits of the `wanted` rows of `s.h`, into the
+    /// first rows of `step`'s logits: gathered, rounded and projected on prefixes of
+    /// buffers sized for the largest step.
     fn logits(
         &self,
         ops: &Ops<'_>,
-        normed: &CudaSlice<f32>,
-        n: usize,
-    ) -> Result<Vec<f32>, ModelError> {
+        s: &Scratch,
+        wanted: &[usize],
+        step: &mut StepBuffers,
+    ) -> Result<(), ModelError> {
+        let hidden = self.config.hidden_size;
         let head = self.head();
-        let mut normed16 = ops.alloc::<u16>(normed.len())?;
-        ops.round_bf16(&mut normed16, normed)?;
-        let mut rows = ops.alloc::<f32>(n * head.rows)?;
+        let n = wanted.len();
+        ops.gather_rows(&mut step.normed, &s.h, wanted, hidden)?;
+        let normed = step.normed.slice(..n * hidden);
+        let mut normed16 = step.normed16.slice_mut(..n * hidden);
+        ops.round_bf16(&mut normed16, &normed)?;
         let input = Input {
-            f32: normed,
+            f32: &normed,
             bf16: &normed16,
         };
-        head.apply(ops, &self.blas, &input, &mut rows)?;
-        Ok(ops.download(&rows)?)
+        head.apply(
+            ops,
+            &self.blas,
+            &input,
+            &mut step.logits.slice_mut(..n * head.rows),
+        )?;
+        Ok(())
     }
 
     /// Sums `buf` over the group: on the device through NCCL, else through the host

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 use tessera_kernels::DType;
-use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, Ops};
+use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, DevicePtr, DevicePtrMut, Ops};
 
 use crate::error::ModelError;
 use crate::llama::Linear;
@@ -51,10 +51,11 @@ pub(crate) struct DeviceLinear {
 }
 
 /// The input of a projection: f32 activations and their bf16 rounding (computed once per
-/// input and shared by every projection that reads it).
-pub(crate) struct Input<'a> {
-    pub(crate) f32: &'a CudaSlice<f32>,
-    pub(crate) bf16: &'a CudaSlice<u16>,
+/// input and shared by every projection that reads it); whole buffers, or views of their
+/// first rows.
+pub(crate) struct Input<'a, F = CudaSlice<f32>, B = CudaSlice<u16>> {
+    pub(crate) f32: &'a F,
+    pub(crate) bf16: &'a B,
 }
 
 impl DeviceLinear {
@@ -129,12 +130,12 @@ impl DeviceLinear {
     }
 
     /// `y = W·x (+ bias)` for every token of `x`.
-    pub(crate) fn apply(
+    pub(crate) fn apply<F: DevicePtr<f32>, B: DevicePtr<u16>>(
         &self,
         ops: &Ops<'_>,
         blas: &Blas,
-        x: &Input<'_>,
-        y: &mut CudaSlice<f32>,
+        x: &Input<'_, F, B>,
+        y: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
         match &self.matrix {
             Matrix::Bf16(w) => blas.gemm_bf16(ops, y, w, x.bf16, (self.rows, self.cols))?,

@@ -155,7 +155,9 @@ pub(super) fn finish(
         None => {
             let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
             let cache = slice.new_cache(budget)?;
-            (StepRunner::new(config.rank, epoch, cache), Vec::new())
+            let runner = StepRunner::new(config.rank, epoch, cache)
+                .with_device_sampling(config.device_sampling);
+            (runner, Vec::new())
         }
     };
     let blocks = runner.num_blocks();

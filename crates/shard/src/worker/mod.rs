@@ -72,6 +72,9 @@ pub struct WorkerConfig {
     /// The GPU this rank runs on (`None`: the CPU).
     #[cfg(feature = "cuda")]
     pub device: Option<Arc<CudaDevice>>,
+    /// Sampling rows ask the pass to sample on the device (see
+    /// [`StepRunner::with_device_sampling`]); the CPU gives logits regardless.
+    pub device_sampling: bool,
     /// Fault injection for tests: sleep this long before every step (a slow shard).
     pub step_delay: Duration,
 }

@@ -1,17 +1,25 @@
 //! Typed launches of the kernels on one stream. Each checks its buffers' lengths against
 //! the shape it is given, so a wrong size is an error here, never an access out of bounds
-//! on the device. bf16 buffers are `u16` (the bits of a bf16).
+//! on the device. bf16 buffers are `u16` (the bits of a bf16). The projections' launches
+//! (`round_bf16`, `add_bias`, `matvec_quantized`, with `Blas::gemm_bf16`) take views as
+//! well as whole buffers, so that a step can run on the first rows of buffers sized for
+//! the largest step.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig,
+    PushKernelArg,
+};
 
 use super::CudaError;
 use super::device::CudaDevice;
 
 mod paged;
+mod sampling;
 
 pub use paged::{AttentionIndex, Slots};
+pub use sampling::SampleBuffers;
 
 /// Threads per block of the row kernels (a multiple of 32).
 const ROW_THREADS: u32 = 256;
@@ -44,6 +52,8 @@ pub struct Ops<'a> {
     stream: Arc<CudaStream>,
     /// Kernels launched through this value (cuBLAS calls count one each).
     launches: std::cell::Cell<u64>,
+    /// Device buffers allocated through this value.
+    allocations: std::cell::Cell<u64>,
 }
 
 /// `actual` must be `expected`: a [`CudaError::Shape`] naming `what` otherwise.
@@ -103,12 +113,19 @@ impl<'a> Ops<'a> {
             device,
             stream,
             launches: std::cell::Cell::new(0),
+            allocations: std::cell::Cell::new(0),
         }
     }
 
     /// Kernels launched so far through this value.
     pub fn launches(&self) -> u64 {
         self.launches.get()
+    }
+
+    /// Device buffers allocated so far through this value ([`Ops::alloc`], [`Ops::upload`]
+    /// and what is built from them): a step that reuses its buffers allocates none.
+    pub fn allocations(&self) -> u64 {
+        self.allocations.get()
     }
 
     /// Counts a launch made outside [`Ops`]'s kernels (a cuBLAS call).
@@ -283,19 +300,25 @@ impl<'a> Ops<'a> {
     /// `out[i] = bf16(x[i])` (round to nearest even): a GEMM's input.
     pub fn round_bf16(
         &self,
-        out: &mut CudaSlice<u16>,
-        x: &CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<u16>,
+        x: &impl DevicePtr<f32>,
     ) -> Result<(), CudaError> {
         check("round_bf16 out", x.len(), out.len())?;
         let n = u32_of("round_bf16 values", x.len())?;
         let config = spread(x.len());
+        let (out, _out) = out.device_ptr_mut(&self.stream);
+        let (x, _x) = x.device_ptr(&self.stream);
         let mut a = self.builder("round_bf16")?;
-        a.arg(out).arg(x).arg(&n);
+        a.arg(&out).arg(&x).arg(&n);
         self.run("round_bf16", &mut a, config)
     }
 
     /// `y[t] += bias` for every row of `bias.len()` values.
-    pub fn add_bias(&self, y: &mut CudaSlice<f32>, bias: &CudaSlice<f32>) -> Result<(), CudaError> {
+    pub fn add_bias(
+        &self,
+        y: &mut impl DevicePtrMut<f32>,
+        bias: &CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
         if bias.is_empty() || !y.len().is_multiple_of(bias.len()) {
             return Err(CudaError::Shape {
                 what: "add_bias y (a multiple of the bias)",
@@ -308,8 +331,9 @@ impl<'a> Ops<'a> {
             u32_of("add_bias values", y.len())?,
         );
         let config = spread(y.len());
+        let (y, _y) = y.device_ptr_mut(&self.stream);
         let mut a = self.builder("add_bias_f32")?;
-        a.arg(y).arg(bias).arg(&cols).arg(&n);
+        a.arg(&y).arg(bias).arg(&cols).arg(&n);
         self.run("add_bias_f32", &mut a, config)
     }
 
@@ -317,10 +341,10 @@ impl<'a> Ops<'a> {
     /// `DType::Q8_0` or `DType::Q4K`.
     pub fn matvec_quantized(
         &self,
-        out: &mut CudaSlice<f32>,
+        out: &mut impl DevicePtrMut<f32>,
         w: &CudaSlice<u8>,
         dtype: crate::DType,
-        x: &CudaSlice<f32>,
+        x: &impl DevicePtr<f32>,
         rows_n: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
@@ -357,48 +381,11 @@ impl<'a> Ops<'a> {
             block_dim: (32 * MATVEC_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let (out, _out) = out.device_ptr_mut(&self.stream);
+        let (x, _x) = x.device_ptr(&self.stream);
         let mut a = self.builder(entry)?;
-        a.arg(out).arg(w).arg(x).arg(&r).arg(&c);
+        a.arg(&out).arg(w).arg(&x).arg(&r).arg(&c);
         self.run(entry, &mut a, config)
-    }
-
-    /// One token per row of `logits` (rows × vocab) by the threshold rule of
-    /// [`crate::cpu::sample_threshold`], row i with `params[i]` and the draw `uniform[i]`.
-    pub fn sample(
-        &self,
-        out: &mut CudaSlice<u32>,
-        logits: &CudaSlice<f32>,
-        vocab: usize,
-        params: &[crate::cpu::ThresholdParams],
-        uniform: &[f32],
-    ) -> Result<(), CudaError> {
-        let rows_n = params.len();
-        check("sample uniform", rows_n, uniform.len())?;
-        check("sample logits", rows_n * vocab, logits.len())?;
-        check("sample out", rows_n, out.len())?;
-        let temperature: Vec<f32> = params.iter().map(|p| p.temperature).collect();
-        let top_k: Vec<u32> = params.iter().map(|p| p.top_k).collect();
-        let top_p: Vec<f32> = params.iter().map(|p| p.top_p).collect();
-        let min_p: Vec<f32> = params.iter().map(|p| p.min_p).collect();
-        let (temperature, top_k, top_p, min_p, uniform) = (
-            self.upload(&temperature)?,
-            self.upload(&top_k)?,
-            self.upload(&top_p)?,
-            self.upload(&min_p)?,
-            self.upload(uniform)?,
-        );
-        let v = u32_of("vocab", vocab)?;
-        let config = rows(rows_n, SAMPLE_THREADS)?;
-        let mut a = self.builder("sample_rows")?;
-        a.arg(out)
-            .arg(logits)
-            .arg(&v)
-            .arg(&temperature)
-            .arg(&top_k)
-            .arg(&top_p)
-            .arg(&min_p)
-            .arg(&uniform);
-        self.run("sample_rows", &mut a, config)
     }
 
     /// A copy of `host` on the device.
@@ -406,6 +393,7 @@ impl<'a> Ops<'a> {
         &self,
         host: &[T],
     ) -> Result<CudaSlice<T>, CudaError> {
+        self.allocations.set(self.allocations.get() + 1);
         self.stream
             .clone_htod(host)
             .map_err(|e| self.driver_error("copying to the device", e))
@@ -416,6 +404,7 @@ impl<'a> Ops<'a> {
         &self,
         n: usize,
     ) -> Result<CudaSlice<T>, CudaError> {
+        self.allocations.set(self.allocations.get() + 1);
         self.stream
             .alloc_zeros(n)
             .map_err(|e| self.driver_error("allocating", e))
@@ -427,16 +416,25 @@ impl<'a> Ops<'a> {
         dev: &CudaSlice<T>,
         n: usize,
     ) -> Result<Vec<T>, CudaError> {
-        if n > dev.len() {
+        self.download_range(dev, 0..n)
+    }
+
+    /// Values `range` of `dev` on the host (waits for the stream).
+    pub fn download_range<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<T>, CudaError> {
+        if range.start > range.end || range.end > dev.len() {
             return Err(CudaError::Shape {
-                what: "downloaded prefix (within the buffer)",
+                what: "downloaded range (within the buffer)",
                 expected: dev.len(),
-                actual: n,
+                actual: range.end,
             });
         }
-        let mut host = vec![T::default(); n];
+        let mut host = vec![T::default(); range.len()];
         self.stream
-            .memcpy_dtoh(&dev.slice(..n), &mut host)
+            .memcpy_dtoh(&dev.slice(range), &mut host)
             .map_err(|e| self.driver_error("copying to the host", e))?;
         Ok(host)
     }
@@ -453,7 +451,8 @@ impl<'a> Ops<'a> {
             .map_err(|e| self.driver_error("copying to the device", e))
     }
 
-    /// `out[i] = src[rows[i]]` for rows of `width` values, device to device.
+    /// `out[i] = src[rows[i]]` for rows of `width` values, device to device, into the first
+    /// rows of `out`.
     pub fn gather_rows(
         &self,
         out: &mut CudaSlice<f32>,
@@ -461,7 +460,13 @@ impl<'a> Ops<'a> {
         rows: &[usize],
         width: usize,
     ) -> Result<(), CudaError> {
-        check("gathered rows", rows.len() * width, out.len())?;
+        if rows.len() * width > out.len() {
+            return Err(CudaError::Shape {
+                what: "gathered rows (within the output)",
+                expected: out.len(),
+                actual: rows.len() * width,
+            });
+        }
         for (i, &r) in rows.iter().enumerate() {
             if (r + 1) * width > src.len() {
                 return Err(CudaError::Shape {
