@@ -8,8 +8,8 @@
 # holds it, and tp = 2 with two ranks on one GPU through the CPU collective
 # (crates/model/tests/cuda_model.rs); a one-rank NCCL group (crates/comm/tests/nccl_gpu.rs);
 # a cluster whose shard runs on cuda:0, against a CPU shard (crates/tests/tests/cuda_cluster.rs),
-# once sampling on the device (TESSERA_DEVICE_SAMPLING=1, the default) and once on the host
-# (TESSERA_DEVICE_SAMPLING=0, the path before device sampling);
+# once sampling on the device (TESSERA_DEVICE_SAMPLING=1, not yet the default) and once on
+# the host (TESSERA_DEVICE_SAMPLING=0, the default until this check has passed on a GPU);
 # decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
 # sampling on the host and on the device, with the fraction of the card's memory bandwidth
 # (crates/model/benches/cuda_decode.rs).

@@ -37,11 +37,12 @@ struct Args {
     certs: PathBuf,
     /// Sample on the GPU, where this shard is the `cuda:N` rank of a one-rank group: only
     /// token ids cross to the host, and logits only for requests that want logprobs or
-    /// use penalties. `0` samples every row on the host from its logits, as before.
+    /// use penalties. Off (`0`, every row sampled on the host from its logits) until a GPU
+    /// run has checked the kernel against the host sampler.
     #[arg(
         long,
         env = "TESSERA_DEVICE_SAMPLING",
-        default_value = "1",
+        default_value = "0",
         value_parser = clap::builder::BoolishValueParser::new(),
         action = clap::ArgAction::Set
     )]
