@@ -29,6 +29,10 @@ pub struct ClusterArgs {
     /// The API key [default: $TESSERA_API_KEY, then $OPENAI_API_KEY].
     #[arg(long, global = true, env = "TESSERA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// An admin key (the coordinator's `--admin-key`): `add`, `remove` and `replace` need
+    /// one where the coordinators have API keys. Used instead of the API key when given.
+    #[arg(long, global = true, env = "TESSERA_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -75,7 +79,11 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<ExitCode> {
         server_noun: "coordinator",
         ..ClientOptions::default()
     };
-    let client = Client::new(&args.url, http::api_key(args.api_key.as_deref()), options);
+    let key = args
+        .admin_key
+        .clone()
+        .or_else(|| http::api_key(args.api_key.as_deref()));
+    let client = Client::new(&args.url, key, options);
     let peers = match &args.command {
         ClusterCommand::List => client.get_json("/v1/cluster")?,
         ClusterCommand::Add(new) => add(&client, new)?,

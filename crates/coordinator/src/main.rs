@@ -55,6 +55,17 @@ struct Args {
         hide_env_values = true
     )]
     api_keys: Vec<String>,
+    /// A key that may also change the cluster (add or remove coordinator peers), which
+    /// API keys may not; repeat for several. `TESSERA_ADMIN_KEYS` takes a comma-separated
+    /// list. With API keys and no admin key, the cluster cannot be changed through the API.
+    #[arg(
+        long = "admin-key",
+        value_name = "KEY",
+        env = "TESSERA_ADMIN_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    admin_keys: Vec<String>,
     /// Join a running cluster: start with no configuration and wait for the leader
     /// (after `tessera cluster add`), instead of bootstrapping one from the topology's
     /// peers. Ignored when the data dir holds a configuration already.
@@ -111,7 +122,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal_limits = args.journal_limits()?;
-    let api_keys = ApiKeys::new(args.api_keys);
+    let api_keys = ApiKeys::new(args.api_keys).with_admin(args.admin_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
     let me = this_peer(&topology, PeerId(args.peer))?;

@@ -10,6 +10,10 @@ use serde_json::Value;
 /// without keys ignores it).
 pub const TEST_API_KEY: &str = "tessera-test-key";
 
+/// The admin key every test coordinator accepts (`--admin-key`): it alone changes the
+/// cluster.
+pub const TEST_ADMIN_KEY: &str = "tessera-test-admin-key";
+
 /// `POST url` with a JSON body: the status and the JSON answer (errors included).
 pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()

@@ -22,7 +22,7 @@ use anyhow::{Context, anyhow, bail};
 mod http;
 pub mod netns;
 
-pub use http::{SseEvent, TEST_API_KEY, get, metric, post, sse, token_ids};
+pub use http::{SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, sse, token_ids};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -352,7 +352,8 @@ impl Cluster {
         self.start_coordinator_peer(1)
     }
 
-    /// Starts coordinator peer `id` (process `coordinator-<id>`) with [`TEST_API_KEY`].
+    /// Starts coordinator peer `id` (process `coordinator-<id>`) with [`TEST_API_KEY`] and
+    /// [`TEST_ADMIN_KEY`].
     pub fn start_coordinator_peer(&mut self, id: usize) -> anyhow::Result<()> {
         let args = vec![
             "--topology".to_string(),
@@ -363,6 +364,8 @@ impl Cluster {
             id.to_string(),
             "--api-key".into(),
             TEST_API_KEY.into(),
+            "--admin-key".into(),
+            TEST_ADMIN_KEY.into(),
         ];
         self.spawn(
             &format!("coordinator-{id}"),

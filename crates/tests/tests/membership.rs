@@ -10,17 +10,18 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_API_KEY, bin, fixture, get, local_peer_addrs, peers_topology_text,
-    post, token_ids,
+    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, get, local_peer_addrs,
+    peers_topology_text, post, token_ids,
 };
 
-/// `tessera cluster ARGS --url URL` with the test key: its stdout, or the failure.
+/// `tessera cluster ARGS --url URL` with the test's admin key: its stdout, or the failure.
 fn cluster_cmd(url: &str, args: &[&str]) -> String {
     let out = Command::new(bin("tessera"))
         .arg("cluster")
         .args(args)
         .args(["--url", url])
         .env("TESSERA_API_KEY", TEST_API_KEY)
+        .env("TESSERA_ADMIN_KEY", TEST_ADMIN_KEY)
         .output()
         .expect("tessera runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -2,6 +2,12 @@
 //! `/ready`, `/metrics`) and the status page's HTML (`/`, which holds no data and asks for a
 //! key itself; the data it shows comes from `/v1/cluster`, which needs one).
 //!
+//! Two rights: inference keys (`--api-key`) call the API; admin keys (`--admin-key`) call
+//! it too, and they alone change the cluster (the membership routes under
+//! `/v1/cluster/peers`). An inference key there gets 403. A coordinator with inference
+//! keys but no admin key refuses every cluster change (403, naming `--admin-key`); one
+//! with no key at all (loopback only) lets every request through.
+//!
 //! Keys are compared in constant time: the time taken depends on the lengths only, never
 //! on how many leading bytes of a guess are right. Every configured key is compared, with
 //! no early exit. With no key configured every request passes; [`check_exposure`] keeps a
@@ -21,29 +27,106 @@ use super::error::{ApiError, ApiErrorKind};
 /// Paths served without a key.
 const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", "/"];
 
+/// Where only admin keys may go: changes to the cluster.
+const ADMIN_PREFIX: &str = "/v1/cluster/peers";
+
 /// The accepted keys. `Debug` never shows them.
 #[derive(Clone, Default)]
-pub struct ApiKeys(Arc<[Vec<u8>]>);
+pub struct ApiKeys {
+    inference: KeySet,
+    admin: KeySet,
+}
+
+#[derive(Clone, Default)]
+struct KeySet(Arc<[Vec<u8>]>);
 
 impl fmt::Debug for ApiKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ApiKeys({} keys)", self.0.len())
+        write!(
+            f,
+            "ApiKeys({} inference keys, {} admin keys)",
+            self.inference.0.len(),
+            self.admin.0.len()
+        )
     }
 }
 
 impl ApiKeys {
-    /// Keys as given; surrounding white space is trimmed and empty ones are dropped.
+    /// Inference keys as given; surrounding white space is trimmed and empty ones are
+    /// dropped.
     pub fn new(keys: impl IntoIterator<Item = String>) -> ApiKeys {
-        ApiKeys(
+        ApiKeys {
+            inference: KeySet::new(keys),
+            admin: KeySet::default(),
+        }
+    }
+
+    /// The same, with these admin keys.
+    pub fn with_admin(mut self, keys: impl IntoIterator<Item = String>) -> ApiKeys {
+        self.admin = KeySet::new(keys);
+        self
+    }
+
+    /// Whether every inference request passes without a key.
+    pub fn is_empty(&self) -> bool {
+        self.inference.0.is_empty()
+    }
+
+    /// What a request for `path` with `presented` (its bearer token) may do.
+    fn check(&self, path: &str, presented: Option<&[u8]>) -> Result<(), Refusal> {
+        let admin_path = path.starts_with(ADMIN_PREFIX);
+        if self.is_empty() && (self.admin.0.is_empty() || !admin_path) {
+            return Ok(());
+        }
+        let Some(token) = presented else {
+            return Err(Refusal::Unauthorized(
+                "an API key is required: send it as `Authorization: Bearer <key>`",
+            ));
+        };
+        let admin = self.admin.accepts(token);
+        let inference = self.inference.accepts(token);
+        match (admin_path, admin, inference) {
+            (_, true, _) | (false, false, true) => Ok(()),
+            (true, false, true) if self.admin.0.is_empty() => Err(Refusal::Forbidden(
+                "changes to the cluster need an admin key, and this coordinator has none: \
+                 start it with --admin-key (or TESSERA_ADMIN_KEYS)",
+            )),
+            (true, false, true) => Err(Refusal::Forbidden(
+                "this API key may not change the cluster: use an admin key",
+            )),
+            (_, false, false) => Err(Refusal::Unauthorized("the API key is not valid")),
+        }
+    }
+}
+
+/// Why a request may not pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// No valid key: 401.
+    Unauthorized(&'static str),
+    /// A valid key without the right: 403.
+    Forbidden(&'static str),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::Unauthorized(message) => unauthorized(message),
+            Refusal::Forbidden(message) => {
+                ApiError::new(ApiErrorKind::Forbidden, message).into_response()
+            }
+        }
+    }
+}
+
+impl KeySet {
+    fn new(keys: impl IntoIterator<Item = String>) -> KeySet {
+        KeySet(
             keys.into_iter()
                 .map(|k| k.trim().as_bytes().to_vec())
                 .filter(|k| !k.is_empty())
                 .collect(),
         )
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     /// Whether `presented` is one of the keys.
@@ -89,7 +172,7 @@ pub(crate) async fn require_key(
     request: Request,
     next: Next,
 ) -> Response {
-    if keys.is_empty() || OPEN_PATHS.contains(&request.uri().path()) {
+    if OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
     let presented = request
@@ -97,10 +180,9 @@ pub(crate) async fn require_key(
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes)
         .and_then(bearer_token);
-    match presented {
-        Some(token) if keys.accepts(token) => next.run(request).await,
-        Some(_) => unauthorized("the API key is not valid"),
-        None => unauthorized("an API key is required: send it as `Authorization: Bearer <key>`"),
+    match keys.check(request.uri().path(), presented) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
     }
 }
 
@@ -129,15 +211,52 @@ mod tests {
 
     #[test]
     fn keys_match_exactly() {
-        let keys = ApiKeys::new(["abc".to_string(), " def ".to_string(), String::new()]);
+        let keys = KeySet::new(["abc".to_string(), " def ".to_string(), String::new()]);
         assert_eq!(keys.0.len(), 2);
         assert!(keys.accepts(b"abc"));
         assert!(keys.accepts(b"def"));
         assert!(!keys.accepts(b"ab"));
         assert!(!keys.accepts(b"abcd"));
         assert!(!keys.accepts(b""));
-        assert!(!ApiKeys::default().accepts(b""));
-        assert_eq!(format!("{keys:?}"), "ApiKeys(2 keys)");
+        assert!(!KeySet::default().accepts(b""));
+        let keys = ApiKeys::new(["abc".to_string()]).with_admin(["adm".to_string()]);
+        assert_eq!(
+            format!("{keys:?}"),
+            "ApiKeys(1 inference keys, 1 admin keys)"
+        );
+    }
+
+    /// The status of each refusal: 401 without a valid key, 403 for an inference key where
+    /// only admin keys may go (and for every key where the coordinator has no admin key).
+    #[test]
+    fn admin_routes_take_admin_keys_only() {
+        let status = |keys: &ApiKeys, path: &str, key: Option<&str>| {
+            keys.check(path, key.map(str::as_bytes))
+                .map_or_else(|r| r.into_response().status().as_u16(), |()| 200)
+        };
+        let peers = "/v1/cluster/peers";
+        let infer = "/v1/completions";
+        let both = ApiKeys::new(["user".to_string()]).with_admin(["root".to_string()]);
+        assert_eq!(status(&both, infer, Some("user")), 200);
+        assert_eq!(status(&both, infer, Some("root")), 200);
+        assert_eq!(status(&both, infer, None), 401);
+        assert_eq!(status(&both, peers, Some("root")), 200);
+        assert_eq!(status(&both, "/v1/cluster/peers/3", Some("root")), 200);
+        assert_eq!(status(&both, peers, Some("user")), 403);
+        assert_eq!(status(&both, "/v1/cluster/peers/3", Some("user")), 403);
+        assert_eq!(status(&both, peers, Some("guess")), 401);
+        assert_eq!(status(&both, peers, None), 401);
+        // Inference keys and no admin key: no one changes the cluster.
+        let users = ApiKeys::new(["user".to_string()]);
+        assert_eq!(status(&users, peers, Some("user")), 403);
+        assert_eq!(status(&users, infer, Some("user")), 200);
+        // Admin keys only: inference is open, the cluster is not.
+        let admins = ApiKeys::default().with_admin(["root".to_string()]);
+        assert_eq!(status(&admins, infer, None), 200);
+        assert_eq!(status(&admins, peers, None), 401);
+        assert_eq!(status(&admins, peers, Some("root")), 200);
+        // No key at all (loopback only): everything passes.
+        assert_eq!(status(&ApiKeys::default(), peers, None), 200);
     }
 
     #[test]

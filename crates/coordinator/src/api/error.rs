@@ -7,6 +7,7 @@
 //! |---------------------|--------|-----------------------------|-------------------------------------|
 //! | `InvalidRequest`    | 400    | `invalid_request_error`     | validation, bad JSON, wrong types   |
 //! | `Unauthorized`      | 401    | `invalid_request_error`     | missing or wrong API key (`code: invalid_api_key`) |
+//! | `Forbidden`         | 403    | `permission_error`          | an inference key on an admin route  |
 //! | `NotFound`          | 404    | `invalid_request_error`     | unknown model (`code: model_not_found`) or route |
 //! | `MethodNotAllowed`  | 405    | `invalid_request_error`     | a known route with another method   |
 //! | `PayloadTooLarge`   | 413    | `invalid_request_error`     | body over [`super::MAX_BODY_BYTES`] |
@@ -34,6 +35,7 @@ use tracing::{debug, warn};
 pub enum ApiErrorKind {
     InvalidRequest,
     Unauthorized,
+    Forbidden,
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
@@ -49,6 +51,7 @@ impl ApiErrorKind {
         match self {
             ApiErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ApiErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
             ApiErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -68,6 +71,7 @@ impl ApiErrorKind {
             | ApiErrorKind::NotFound
             | ApiErrorKind::MethodNotAllowed
             | ApiErrorKind::PayloadTooLarge => "invalid_request_error",
+            ApiErrorKind::Forbidden => "permission_error",
             ApiErrorKind::CapacityExhausted => "overloaded_error",
             ApiErrorKind::Cancelled => "cancelled_error",
             ApiErrorKind::Internal => "server_error",
