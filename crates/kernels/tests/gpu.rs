@@ -15,6 +15,7 @@ use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cpu::{ThresholdParams, sample_threshold};
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::ops::Ops;
+use tessera_kernels::cuda::{AttentionKernel, AttentionTarget};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_kernels::quant::{dequantize_row, quantize_row_q8_0};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
@@ -308,7 +309,17 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     let mut out = ops.alloc::<f32>(q.len()).unwrap();
     let mut index = ops
         .attention_index(
-            &tables, max_blocks, &query_seq, &contexts, layout, blocks, q_heads,
+            &tables,
+            max_blocks,
+            &query_seq,
+            &contexts,
+            AttentionTarget {
+                layout,
+                cache_blocks: blocks,
+                q_heads,
+                kernel: AttentionKernel::Legacy,
+                partitions: None,
+            },
         )
         .unwrap();
     ops.paged_attention(&mut out, &q_dev, (&k_cache, &v_cache), layout, &mut index)

@@ -29,7 +29,7 @@ pub use cudarc::driver::{CudaSlice, CudaStream};
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
-pub use ops::{AttentionIndex, Ops, Slots};
+pub use ops::{AttentionIndex, AttentionKernel, AttentionTarget, Ops, Slots};
 pub use source::{FAMILIES, KernelFamily};
 
 /// Why the CUDA backend cannot run.
@@ -70,6 +70,11 @@ pub enum CudaError {
         expected: usize,
         actual: usize,
     },
+    #[error(
+        "attention kernel `{name}` is unknown: TESSERA_ATTENTION takes legacy (the default) \
+         or grouped"
+    )]
+    UnknownAttention { name: String },
     #[error("not supported on CUDA yet: {what}")]
     Unsupported { what: String },
     #[error("PTX cache {path}: {message}")]

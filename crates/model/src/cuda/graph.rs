@@ -232,9 +232,7 @@ impl CudaLlama {
             max_blocks,
             &query_seq,
             &vec![reach; batch],
-            layout,
-            kv.num_blocks(),
-            self.heads,
+            self.attention_target(kv),
         )?;
         let mut logits = ops.alloc::<f32>(batch * self.head().rows)?;
         // Warm-up: every slot is −1, so nothing is written to the cache.

@@ -21,7 +21,10 @@ mod weights;
 use std::sync::Arc;
 
 use tessera_kernels::attention::KvLayout;
-use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStream, Ops, Slots};
+use tessera_kernels::cuda::{
+    AttentionIndex, AttentionKernel, AttentionTarget, Blas, CudaDevice, CudaSlice, CudaStream, Ops,
+    Slots,
+};
 use tessera_kernels::rope::RopePairing;
 use tracing::info;
 
@@ -204,6 +207,18 @@ impl CudaLlama {
         }
     }
 
+    /// What an attention index over `kv` is made for: this model's query heads and kernel,
+    /// split as the device's multiprocessors ask.
+    fn attention_target(&self, kv: &DeviceKv) -> AttentionTarget {
+        AttentionTarget {
+            layout: kv.layout(),
+            cache_blocks: kv.num_blocks(),
+            q_heads: self.heads,
+            kernel: AttentionKernel::Legacy,
+            partitions: None,
+        }
+    }
+
     /// A KV cache of as many blocks as `budget_bytes` holds (bf16), in device memory.
     pub fn new_cache(&self, budget_bytes: usize) -> Result<DeviceKv, ModelError> {
         let ops = self.ops();
@@ -289,9 +304,7 @@ impl CudaLlama {
             ix.max_blocks,
             &ix.query_seq,
             &ix.contexts,
-            layout,
-            kv.num_blocks(),
-            self.heads,
+            self.attention_target(kv),
         )?;
         self.pass(ops, s, &slots, &mut index, kv, comm)?;
         if ix.wanted.is_empty() {

@@ -9,9 +9,11 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchArgs, LaunchConfig, 
 use super::CudaError;
 use super::device::CudaDevice;
 
+pub mod attention;
 mod paged;
 
-pub use paged::{AttentionIndex, Slots};
+pub use attention::AttentionKernel;
+pub use paged::{AttentionIndex, AttentionTarget, Slots};
 
 /// Threads per block of the row kernels (a multiple of 32).
 const ROW_THREADS: u32 = 256;
@@ -29,6 +31,7 @@ pub fn block_threads(entry: &str) -> Option<u32> {
         "matvec_q8_0" | "matvec_q4_k" => Some(32 * MATVEC_WARPS),
         "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
         "sample_rows" => Some(SAMPLE_THREADS),
+        _ if entry.starts_with("attention_grouped_") => Some(attention::GROUPED_THREADS),
         _ => super::source::family_of(entry).map(|_| ROW_THREADS),
     }
 }
