@@ -6,7 +6,8 @@
 //!
 //! Without a CUDA driver it says so and exits. Usage:
 //! `cargo bench -p tessera-model --bench cuda_decode` (`TESSERA_BENCH_STEPS`, default 64;
-//! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak).
+//! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak; `TESSERA_ATTENTION` picks the
+//! attention kernel, named in the report).
 
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
@@ -17,7 +18,7 @@ use std::time::Instant;
 use tessera_comm::Solo;
 use tessera_kernels::DType;
 use tessera_kernels::cuda::device::driver_present;
-use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::cuda::{AttentionKernel, CudaDevice, PtxCache};
 use tessera_model::ModelConfig;
 use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES};
 use tessera_model::error::ModelError;
@@ -140,6 +141,15 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize) {
         "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source})",
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
         peak / 1e9
+    );
+    let attention = model.attention();
+    println!(
+        "  attention kernel: {attention}{} (TESSERA_ATTENTION: legacy or grouped)",
+        if attention == AttentionKernel::default() {
+            ", the default"
+        } else {
+            ", not the default"
+        }
     );
     println!("  batch  mode    ms/step  tokens/s  launches/step  GB/s  of peak");
     for (batch, graphs) in BATCHES.iter().flat_map(|&b| [(b, false), (b, true)]) {
