@@ -13,6 +13,12 @@
 # decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
 # sampling on the host and on the device, with the fraction of the card's memory bandwidth
 # (crates/model/benches/cuda_decode.rs).
+# The kernel tests check both paged-attention kernels; the model, cluster and decode checks
+# run once per kernel of TESSERA_ATTENTION:
+#   | TESSERA_ATTENTION | kernel                                              | default |
+#   | legacy            | attention.cu: a block per (query head, query, 256)  | yes     |
+#   | grouped           | attention_grouped.cu: a block per (KV head, query)  | no      |
+# (legacy stays the default until grouped has passed here; docs/cuda.md).
 # Usage: scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,17 +60,20 @@ echo "== each kernel against its CPU twin"
 run kernels-gpu test --release --offline -p tessera-kernels --features cuda --test gpu -- --test-threads=1 --nocapture
 echo "== a one-rank NCCL group"
 run nccl-gpu test --release --offline -p tessera-comm --features nccl --test nccl_gpu -- --nocapture
-echo "== the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
-run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
-echo "== a cluster with a shard on cuda:0 (the real binaries)"
 if [[ -d .gpu/bin ]]; then
     export TESSERA_BIN_DIR="$PWD/.gpu/bin"
 else
     cargo build --release --offline -p tessera-coordinator -p tessera-shard
 fi
-echo "   sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
-TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
-echo "   sampling on the host (TESSERA_DEVICE_SAMPLING=0)"
-TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
-echo "== decode throughput"
-run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
+for attention in legacy grouped; do
+    export TESSERA_ATTENTION="$attention"
+    echo "== TESSERA_ATTENTION=$attention: the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
+    run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
+    echo "== TESSERA_ATTENTION=$attention: a cluster with a shard on cuda:0, sampling on the host (TESSERA_DEVICE_SAMPLING=0, the default)"
+    TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+    echo "== TESSERA_ATTENTION=$attention: the same, sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
+    TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+    echo "== TESSERA_ATTENTION=$attention: decode throughput, sampling on the host and on the device"
+    run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
+done
+unset TESSERA_ATTENTION

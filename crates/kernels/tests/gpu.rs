@@ -2,9 +2,10 @@
 //! Without a CUDA driver every test says so and passes, unless `TESSERA_REQUIRE_GPU=1`.
 //! Tolerances: kernels on f32 data agree to float rounding (1e-5 relative, fast `__expf`
 //! in SiLU 1e-5); bf16 inputs are rounded to bf16 for the CPU twin too, so the remaining
-//! difference is summation order (1e-4); sampling must pick the twin's token in every row:
-//! both compute the same float operations, none fused, and sum weights as integers, so
-//! the order of the sums cannot move a draw.
+//! difference is summation order (1e-4; the grouped attention kernel's reasoning is at
+//! `GROUPED_TOLERANCE`); sampling must pick the twin's token in every row: both compute
+//! the same float operations, none fused, and sum weights as integers, so the order of
+//! the sums cannot move a draw.
 
 use half::bf16;
 use rand::rngs::StdRng;
@@ -14,9 +15,13 @@ use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cpu::{RowDraw, ThresholdParams, sample_threshold};
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::ops::Ops;
+use tessera_kernels::cuda::{AttentionKernel, AttentionTarget};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_kernels::quant::{dequantize_row, quantize_row_q8_0};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
+
+mod paged_case;
+use paged_case::{GROUPED_TOLERANCE, PagedCase};
 
 fn device() -> Option<CudaDevice> {
     if !driver_present() {
@@ -304,14 +309,6 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     let contexts: Vec<u32> = vec![700, 40, 1, 257, 512];
     let q = random(&mut rng, query_seq.len() * q_heads * 64, 1.0);
     let q_dev = ops.upload(&q).unwrap();
-    let mut out = ops.alloc::<f32>(q.len()).unwrap();
-    let mut index = ops
-        .attention_index(
-            &tables, max_blocks, &query_seq, &contexts, layout, blocks, q_heads,
-        )
-        .unwrap();
-    ops.paged_attention(&mut out, &q_dev, (&k_cache, &v_cache), layout, &mut index)
-        .unwrap();
     let rows: Vec<&[u32]> = query_seq
         .iter()
         .map(|&s| &tables[s as usize * max_blocks..(s as usize + 1) * max_blocks])
@@ -324,7 +321,146 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
     };
     let mut want = vec![0.0; q.len()];
     paged_attention(&q, &kv, &rows, &visible, q_heads, &mut want);
-    close("paged attention", &ops.download(&out).unwrap(), &want, 1e-4);
+    for kernel in AttentionKernel::ALL {
+        let target = AttentionTarget {
+            layout,
+            cache_blocks: blocks,
+            q_heads,
+            kernel,
+            partitions: None,
+        };
+        let mut out = ops.alloc::<f32>(q.len()).unwrap();
+        let mut index = ops
+            .attention_index(&tables, max_blocks, &query_seq, &contexts, target)
+            .unwrap();
+        ops.paged_attention(&mut out, &q_dev, (&k_cache, &v_cache), layout, &mut index)
+            .unwrap();
+        let what = format!("paged attention ({kernel})");
+        close(&what, &ops.download(&out).unwrap(), &want, 1e-4);
+    }
+}
+
+#[test]
+fn grouped_attention_matches_the_cpu_for_each_group_head_size_and_split() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(11);
+    // One batch of short and long contexts on both sides of the 16-position block edges
+    // and of the partitions' (at least 64 positions, multiples of 16).
+    let contexts: Vec<u32> = vec![1, 15, 16, 17, 255, 256, 257, 1000, 4097];
+    let lens: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
+    let query_seq: Vec<u32> = (0..contexts.len() as u32).collect();
+    // 64 and 128 for real models; 16 and 32 are the fixtures' (the model's GPU tests).
+    for head_dim in [16, 32, 64, 128] {
+        for group in [1, 4, 8] {
+            let layout = KvLayout {
+                block_size: 16,
+                kv_heads: 2,
+                head_dim,
+            };
+            let q_heads = 2 * group;
+            let case = PagedCase::new(&mut rng, layout, &lens);
+            let q = random(&mut rng, contexts.len() * q_heads * head_dim, 1.0);
+            let want = case.attend(&q, &query_seq, &contexts, q_heads);
+            // Unsplit (the kernel writes the output), split as the device's multiprocessors
+            // ask (18 pairs do not fill a GPU), and split 7 and 64 ways.
+            for partitions in [Some(1), None, Some(7), Some(64)] {
+                let target = case.target(q_heads, partitions);
+                let mut index = ops
+                    .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+                    .unwrap();
+                let what = format!(
+                    "grouped attention, head_dim {head_dim}, {group} heads per KV head, {} \
+                     partitions",
+                    index.partitions()
+                );
+                close(
+                    &what,
+                    &case.run(&ops, &q, &mut index),
+                    &want,
+                    GROUPED_TOLERANCE,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_attention_serves_a_causal_chunk_and_a_refilled_index() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(12);
+    let layout = KvLayout {
+        block_size: 16,
+        kv_heads: 2,
+        head_dim: 128,
+    };
+    let q_heads = 8;
+    let case = PagedCase::new(&mut rng, layout, &[1000, 300]);
+    // Chunked prefill: positions 880..1000 of sequence 0, each seeing its position + 1,
+    // beside a decode token of sequence 1.
+    let mut query_seq: Vec<u32> = vec![0; 120];
+    let mut contexts: Vec<u32> = (881..=1000).collect();
+    query_seq.push(1);
+    contexts.push(300);
+    let q = random(&mut rng, query_seq.len() * q_heads * 128, 1.0);
+    let want = case.attend(&q, &query_seq, &contexts, q_heads);
+    for partitions in [None, Some(5)] {
+        let target = case.target(q_heads, partitions);
+        let mut index = ops
+            .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+            .unwrap();
+        let what = format!("grouped causal chunk, {} partitions", index.partitions());
+        close(
+            &what,
+            &case.run(&ops, &q, &mut index),
+            &want,
+            GROUPED_TOLERANCE,
+        );
+    }
+    // A decode graph's index: made for the longest context, refilled with shorter ones
+    // (each context picks its own partition length from the index's partitions).
+    let decode_seq = [0u32, 1];
+    let reach = (case.max_blocks * 16) as u32;
+    let target = case.target(q_heads, None);
+    let mut index = ops
+        .attention_index(
+            &case.tables,
+            case.max_blocks,
+            &decode_seq,
+            &[reach; 2],
+            target,
+        )
+        .unwrap();
+    for contexts in [[1u32, 300], [999, 17], [1000, 64], [65, 299]] {
+        ops.update_attention_index(&mut index, &case.tables, &contexts, 16)
+            .unwrap();
+        let q = random(&mut rng, 2 * q_heads * 128, 1.0);
+        let want = case.attend(&q, &decode_seq, &contexts, q_heads);
+        let what = format!(
+            "grouped refilled {contexts:?}, {} partitions",
+            index.partitions()
+        );
+        close(
+            &what,
+            &case.run(&ops, &q, &mut index),
+            &want,
+            GROUPED_TOLERANCE,
+        );
+    }
+    // A shape the grouped kernel lacks is refused on the host.
+    let odd = KvLayout {
+        head_dim: 96,
+        ..layout
+    };
+    let target = AttentionTarget {
+        layout: odd,
+        ..case.target(q_heads, None)
+    };
+    let err = ops
+        .attention_index(&case.tables, case.max_blocks, &decode_seq, &[1, 1], target)
+        .unwrap_err();
+    assert!(err.to_string().contains("head_dim 96"), "{err}");
 }
 
 #[test]

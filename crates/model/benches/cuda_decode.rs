@@ -13,7 +13,8 @@
 //! Without a CUDA driver it says so and exits. Usage:
 //! `cargo bench -p tessera-model --bench cuda_decode` (`TESSERA_BENCH_STEPS`, default 64;
 //! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak; `TESSERA_BENCH_TEMPERATURE`,
-//! default 0 (greedy), samples at that temperature with top-p 0.95, seeded).
+//! default 0 (greedy), samples at that temperature with top-p 0.95, seeded;
+//! `TESSERA_ATTENTION` picks the attention kernel, named in the report).
 
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use tessera_comm::Solo;
 use tessera_kernels::DType;
 use tessera_kernels::cuda::device::driver_present;
-use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::cuda::{AttentionKernel, CudaDevice, PtxCache};
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::ModelConfig;
 use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
@@ -273,6 +274,15 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
         "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source})",
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
         peak / 1e9
+    );
+    let attention = model.attention();
+    println!(
+        "  attention kernel: {attention}{} (TESSERA_ATTENTION: legacy or grouped)",
+        if attention == AttentionKernel::default() {
+            ", the default"
+        } else {
+            ", not the default"
+        }
     );
     println!(
         "  batch  mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak"

@@ -16,7 +16,7 @@ use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::local::LocalGroup;
 use tessera_comm::{Collective, Solo};
 use tessera_kernels::cuda::device::driver_present;
-use tessera_kernels::cuda::{CudaDevice, PtxCache};
+use tessera_kernels::cuda::{AttentionKernel, CudaDevice, PtxCache};
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::cuda::{CudaLlama, DeviceKv};
 use tessera_model::kv_cache::{KvCache, SeqCache, SeqChunk};
@@ -549,3 +549,7 @@ fn device_sampling_picks_the_host_samplers_tokens() {
         assert!(sampled_rows > 0);
     }
 }
+
+// The grouped attention kernel against the legacy one.
+#[path = "cuda_model/attention.rs"]
+mod attention;

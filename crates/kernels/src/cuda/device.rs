@@ -18,6 +18,7 @@ pub struct CudaDevice {
     name: String,
     capability: (i32, i32),
     total_memory: usize,
+    multiprocessors: usize,
     functions: HashMap<&'static str, CudaFunction>,
 }
 
@@ -28,6 +29,7 @@ impl std::fmt::Debug for CudaDevice {
             .field("name", &self.name)
             .field("capability", &self.capability)
             .field("total_memory", &self.total_memory)
+            .field("multiprocessors", &self.multiprocessors)
             .field("kernels", &self.functions.len())
             .finish()
     }
@@ -59,6 +61,11 @@ impl CudaDevice {
             .map_err(|e| failed(e.to_string()))?;
         let name = ctx.name().map_err(|e| failed(e.to_string()))?;
         let total_memory = ctx.total_mem().map_err(|e| failed(e.to_string()))?;
+        let multiprocessors = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| failed(format!("querying the multiprocessor count: {e}")))?;
         let arch = format!("compute_{}{}", capability.0, capability.1);
         let mut functions = HashMap::new();
         for family in FAMILIES {
@@ -79,6 +86,7 @@ impl CudaDevice {
             name,
             capability,
             total_memory,
+            multiprocessors: usize::try_from(multiprocessors).unwrap_or(1).max(1),
             functions,
         })
     }
@@ -103,6 +111,11 @@ impl CudaDevice {
 
     pub fn total_memory(&self) -> usize {
         self.total_memory
+    }
+
+    /// Streaming multiprocessors (what the grouped attention kernel's split aims to fill).
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     /// Bytes of device memory free now (all processes on the device count).

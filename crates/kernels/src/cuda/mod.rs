@@ -31,7 +31,7 @@ pub use cudarc::driver::{
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
-pub use ops::{AttentionIndex, Ops, SampleBuffers, Slots};
+pub use ops::{AttentionIndex, AttentionKernel, AttentionTarget, Ops, SampleBuffers, Slots};
 pub use source::{FAMILIES, KernelFamily};
 
 /// Why the CUDA backend cannot run.
@@ -72,6 +72,11 @@ pub enum CudaError {
         expected: usize,
         actual: usize,
     },
+    #[error(
+        "attention kernel `{name}` is unknown: TESSERA_ATTENTION takes legacy (the default) \
+         or grouped"
+    )]
+    UnknownAttention { name: String },
     #[error("not supported on CUDA yet: {what}")]
     Unsupported { what: String },
     #[error("PTX cache {path}: {message}")]

@@ -41,6 +41,28 @@ pub const FAMILIES: &[KernelFamily] = &[
         "attention.cu",
         ["paged_attention_partition", "paged_attention_reduce"]
     ),
+    family!(
+        "attention_grouped.cu",
+        [
+            "attention_grouped_d16_g1",
+            "attention_grouped_d16_g2",
+            "attention_grouped_d16_g4",
+            "attention_grouped_d16_g8",
+            "attention_grouped_d32_g1",
+            "attention_grouped_d32_g2",
+            "attention_grouped_d32_g4",
+            "attention_grouped_d32_g8",
+            "attention_grouped_d64_g1",
+            "attention_grouped_d64_g2",
+            "attention_grouped_d64_g4",
+            "attention_grouped_d64_g8",
+            "attention_grouped_d128_g1",
+            "attention_grouped_d128_g2",
+            "attention_grouped_d128_g4",
+            "attention_grouped_d128_g8",
+            "attention_grouped_reduce",
+        ]
+    ),
     family!("dequant_matmul.cu", ["matvec_q8_0", "matvec_q4_k"]),
     family!("sampling.cu", ["sample_rows"]),
 ];

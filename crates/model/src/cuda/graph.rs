@@ -5,7 +5,8 @@
 //! A graph bakes in its buffers' addresses and its launches' shapes, so each batch size
 //! (rounded up to [`GRAPH_BATCHES`]) has buffers of its own, its block tables have room
 //! for [`GRAPH_MAX_CONTEXT`] positions, and its attention launches every partition of
-//! that length (partitions past a sequence's context return at once). Padding rows run
+//! that length (partitions past a sequence's context return at once; the grouped kernel
+//! spreads each context over the partitions it was captured with). Padding rows run
 //! token 0 at position 0 with no KV write and are dropped (their logits rows come after
 //! the batch's, and nothing reads them). Graphs apply with tp = 1 (a
 //! collective through the host cannot be captured); a batch they do not fit, or a capture
@@ -235,9 +236,7 @@ impl CudaLlama {
             max_blocks,
             &query_seq,
             &vec![reach; batch],
-            layout,
-            kv.num_blocks(),
-            self.heads,
+            self.attention_target(kv),
         )?;
         let mut logits = ops.alloc::<f32>(batch * self.head().rows)?;
         // Warm-up: every slot is −1, so nothing is written to the cache.

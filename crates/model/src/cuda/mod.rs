@@ -27,7 +27,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_kernels::attention::KvLayout;
-use tessera_kernels::cuda::{AttentionIndex, Blas, CudaDevice, CudaSlice, CudaStream, Ops, Slots};
+use tessera_kernels::cuda::{
+    AttentionIndex, AttentionKernel, AttentionTarget, Blas, CudaDevice, CudaError, CudaSlice,
+    CudaStream, Ops, Slots,
+};
 use tessera_kernels::rope::RopePairing;
 use tracing::info;
 
@@ -76,6 +79,8 @@ pub struct CudaLlama {
     lm_head: Option<DeviceLinear>,
     inv_freq: CudaSlice<f32>,
     pairing: u32,
+    /// The paged-attention kernel of every pass ([`attention_from_env`], fitted to the shape).
+    attention: AttentionKernel,
 }
 
 impl std::fmt::Debug for CudaLlama {
@@ -90,6 +95,21 @@ impl std::fmt::Debug for CudaLlama {
     }
 }
 
+/// The attention kernel `TESSERA_ATTENTION` names: `legacy` (unset or empty: the default,
+/// until the grouped kernel has run on a GPU) or `grouped`. Read once per process; a
+/// value that names neither fails the model's upload, saying what to change.
+fn attention_from_env() -> Result<AttentionKernel, CudaError> {
+    static CHOSEN: std::sync::OnceLock<Result<AttentionKernel, String>> =
+        std::sync::OnceLock::new();
+    CHOSEN
+        .get_or_init(|| match std::env::var("TESSERA_ATTENTION") {
+            Ok(name) if !name.is_empty() => name.parse().map_err(|_| name),
+            _ => Ok(AttentionKernel::default()),
+        })
+        .clone()
+        .map_err(|name| CudaError::UnknownAttention { name })
+}
+
 /// A weight with no bias, as a projection.
 fn bare(weight: &crate::weights::Weight) -> Linear {
     Linear {
@@ -101,12 +121,14 @@ fn bare(weight: &crate::weights::Weight) -> Linear {
 impl CudaLlama {
     /// Uploads `llama`'s slice to `device`; the host copy can be dropped afterwards.
     pub fn upload(llama: &Llama, device: Arc<CudaDevice>) -> Result<CudaLlama, ModelError> {
-        let stream = device.context().new_stream().map_err(|e| {
-            tessera_kernels::cuda::CudaError::Device {
+        let requested = attention_from_env()?;
+        let stream = device
+            .context()
+            .new_stream()
+            .map_err(|e| CudaError::Device {
                 ordinal: device.ordinal(),
                 message: format!("creating a stream: {e}"),
-            }
-        })?;
+            })?;
         let blas = Blas::new(device.ordinal(), Arc::clone(&stream))?;
         let ops = Ops::new(&device, Arc::clone(&stream));
         let mut layers = Vec::with_capacity(llama.layers.len());
@@ -137,12 +159,28 @@ impl CudaLlama {
         let inv_freq = ops.upload(llama.rope.inv_freq())?;
         ops.synchronize()?;
         drop(ops);
+        let heads = plan.heads.len();
+        let layout = KvLayout {
+            block_size: DEFAULT_BLOCK_SIZE,
+            kv_heads: plan.kv_heads.len(),
+            head_dim: c.head_dim,
+        };
+        let attention = requested.for_shape(layout, heads);
+        if attention != requested {
+            info!(
+                head_dim = c.head_dim,
+                heads,
+                kv_heads = layout.kv_heads,
+                "the grouped attention kernel does not serve this shape: the legacy one runs"
+            );
+        }
         let model = CudaLlama {
+            attention,
             blas,
             config: c.clone(),
             sharding: llama.sharding.clone(),
-            heads: plan.heads.len(),
-            kv_heads: plan.kv_heads.len(),
+            heads,
+            kv_heads: layout.kv_heads,
             embed,
             final_norm,
             lm_head,
@@ -155,6 +193,7 @@ impl CudaLlama {
         info!(
             device = %model.device.name(),
             rank = %plan.rank,
+            attention = %model.attention,
             device_bytes = model.device_bytes(),
             "model slice on the device"
         );
@@ -210,6 +249,32 @@ impl CudaLlama {
             block_size: DEFAULT_BLOCK_SIZE,
             kv_heads: self.kv_heads,
             head_dim: self.config.head_dim,
+        }
+    }
+
+    /// The paged-attention kernel this model's passes run.
+    pub fn attention(&self) -> AttentionKernel {
+        self.attention
+    }
+
+    /// This model with `kernel` for attention where it serves the model's shape, the legacy
+    /// kernel where not (as at upload): for tests and benchmarks that run both kernels in
+    /// one process. Call it before making caches: a cache's decode graphs keep the kernel
+    /// they were captured with.
+    pub fn with_attention(mut self, kernel: AttentionKernel) -> CudaLlama {
+        self.attention = kernel.for_shape(self.kv_layout(), self.heads);
+        self
+    }
+
+    /// What an attention index over `kv` is made for: this model's query heads and kernel,
+    /// split as the device's multiprocessors ask.
+    fn attention_target(&self, kv: &DeviceKv) -> AttentionTarget {
+        AttentionTarget {
+            layout: kv.layout(),
+            cache_blocks: kv.num_blocks(),
+            q_heads: self.heads,
+            kernel: self.attention,
+            partitions: None,
         }
     }
 
@@ -337,9 +402,7 @@ impl CudaLlama {
             ix.max_blocks,
             &ix.query_seq,
             &ix.contexts,
-            layout,
-            kv.num_blocks(),
-            self.heads,
+            self.attention_target(kv),
         )?;
         self.pass(ops, s, &slots, &mut index, kv, comm)?;
         if ix.wanted.is_empty() {

@@ -15,10 +15,12 @@ use cudarc::driver::{
 use super::CudaError;
 use super::device::CudaDevice;
 
+pub mod attention;
 mod paged;
 mod sampling;
 
-pub use paged::{AttentionIndex, Slots};
+pub use attention::AttentionKernel;
+pub use paged::{AttentionIndex, AttentionTarget, Slots};
 pub use sampling::SampleBuffers;
 
 /// Threads per block of the row kernels (a multiple of 32).
@@ -37,6 +39,7 @@ pub fn block_threads(entry: &str) -> Option<u32> {
         "matvec_q8_0" | "matvec_q4_k" => Some(32 * MATVEC_WARPS),
         "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
         "sample_rows" => Some(SAMPLE_THREADS),
+        _ if entry.starts_with("attention_grouped_") => Some(attention::GROUPED_THREADS),
         _ => super::source::family_of(entry).map(|_| ROW_THREADS),
     }
 }

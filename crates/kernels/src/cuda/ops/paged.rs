@@ -1,12 +1,16 @@
 //! The paged KV cache's launches: the KV write and paged attention, with the device-side
 //! index arrays (slots, block tables, contexts) they read, each checked against the cache
-//! when it is made or refilled.
+//! when it is made or refilled. Attention runs the kernel its index was made for
+//! ([`AttentionKernel`]: the legacy one here, the grouped one in `attention.rs`).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::attention::{GROUPED_MAX_PARTITIONS, grouped_entry, grouped_partitions};
 use super::{
-    ATTENTION_PART, ATTENTION_THREADS, MAX_HEAD_DIM, Ops, ROW_THREADS, check, grid_yz, rows, u32_of,
+    ATTENTION_PART, ATTENTION_THREADS, AttentionKernel, MAX_HEAD_DIM, Ops, ROW_THREADS, check,
+    grid_yz, rows, u32_of,
 };
+use crate::attention::KvLayout;
 use crate::cuda::CudaError;
 
 /// Cache slots of a batch's tokens on the device, checked against the cache they index.
@@ -16,19 +20,47 @@ pub struct Slots {
     capacity: usize,
 }
 
+/// What an [`AttentionIndex`] is made for: the cache it reads, the query heads, the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTarget {
+    pub layout: KvLayout,
+    /// Blocks in the cache (every block id is checked below it).
+    pub cache_blocks: usize,
+    pub q_heads: usize,
+    pub kernel: AttentionKernel,
+    /// The grouped kernel's partitions: `None` decides them from the device's
+    /// multiprocessors and the longest context (what the model does); `Some(n)` makes n
+    /// (tests of the split). The legacy kernel splits every 256 positions and takes `None`.
+    pub partitions: Option<usize>,
+}
+
 /// One batch's attention queries on the device (see [`Ops::attention_index`]).
 #[derive(Debug)]
 pub struct AttentionIndex {
-    tables: CudaSlice<u32>,
-    query_seq: CudaSlice<u32>,
-    contexts: CudaSlice<u32>,
-    max_blocks: usize,
-    cache_blocks: usize,
-    q_heads: usize,
-    partitions: usize,
-    part_out: CudaSlice<f32>,
-    part_max: CudaSlice<f32>,
-    part_sum: CudaSlice<f32>,
+    pub(super) tables: CudaSlice<u32>,
+    pub(super) query_seq: CudaSlice<u32>,
+    pub(super) contexts: CudaSlice<u32>,
+    pub(super) max_blocks: usize,
+    pub(super) cache_blocks: usize,
+    pub(super) q_heads: usize,
+    pub(super) kernel: AttentionKernel,
+    /// Blocks along the context per query (the grid's z).
+    pub(super) partitions: usize,
+    pub(super) part_out: CudaSlice<f32>,
+    pub(super) part_max: CudaSlice<f32>,
+    pub(super) part_sum: CudaSlice<f32>,
+}
+
+impl AttentionIndex {
+    /// The kernel [`Ops::paged_attention`] runs over this index.
+    pub fn kernel(&self) -> AttentionKernel {
+        self.kernel
+    }
+
+    /// Blocks along the context per query (1: not split).
+    pub fn partitions(&self) -> usize {
+        self.partitions
+    }
 }
 
 impl Ops<'_> {
@@ -76,20 +108,25 @@ impl Ops<'_> {
     }
 
     /// The block tables and contexts of one batch of attention queries, on the device,
-    /// with the partition scratch for `q_heads` heads: query i reads the blocks of
+    /// with the partition scratch of `target`'s kernel: query i reads the blocks of
     /// sequence `query_seq[i]` (a row of `tables`, each row `max_blocks` long) up to
-    /// position `contexts[i]` (exclusive). Every id is checked below `cache_blocks`.
-    #[allow(clippy::too_many_arguments)]
+    /// position `contexts[i]` (exclusive). Every id is checked below the cache's blocks; a
+    /// shape the kernel does not serve is refused here.
     pub fn attention_index(
         &self,
         tables: &[u32],
         max_blocks: usize,
         query_seq: &[u32],
         contexts: &[u32],
-        layout: crate::attention::KvLayout,
-        cache_blocks: usize,
-        q_heads: usize,
+        target: AttentionTarget,
     ) -> Result<AttentionIndex, CudaError> {
+        let AttentionTarget {
+            layout,
+            cache_blocks,
+            q_heads,
+            kernel,
+            ..
+        } = target;
         let queries = query_seq.len();
         check("attention contexts", queries, contexts.len())?;
         if max_blocks == 0 || !tables.len().is_multiple_of(max_blocks) {
@@ -123,8 +160,12 @@ impl Ops<'_> {
                 actual: longest,
             });
         }
-        let partitions = longest.div_ceil(ATTENTION_PART).max(1);
-        let parts = queries * q_heads * partitions;
+        let partitions = self.partitions(target, queries, longest)?;
+        // The grouped kernel unsplit writes the output directly: no scratch is read.
+        let parts = match (kernel, partitions) {
+            (AttentionKernel::Grouped, 1) => 1,
+            _ => queries * q_heads * partitions,
+        };
         Ok(AttentionIndex {
             tables: self.upload(tables)?,
             query_seq: self.upload(query_seq)?,
@@ -132,11 +173,45 @@ impl Ops<'_> {
             max_blocks,
             cache_blocks,
             q_heads,
+            kernel,
             partitions,
             part_out: self.alloc(parts * layout.head_dim)?,
             part_max: self.alloc(parts)?,
             part_sum: self.alloc(parts)?,
         })
+    }
+
+    /// The partitions of an index for `target` over `queries` queries, the longest
+    /// `longest` positions; the grouped kernel's shape is checked here.
+    fn partitions(
+        &self,
+        target: AttentionTarget,
+        queries: usize,
+        longest: usize,
+    ) -> Result<usize, CudaError> {
+        match (target.kernel, target.partitions) {
+            (AttentionKernel::Legacy, None) => Ok(longest.div_ceil(ATTENTION_PART).max(1)),
+            (AttentionKernel::Legacy, Some(_)) => Err(CudaError::Unsupported {
+                what: "a chosen partition count with the legacy attention kernel (it splits \
+                       every 256 positions)"
+                    .into(),
+            }),
+            (AttentionKernel::Grouped, chosen) => {
+                grouped_entry(target.layout, target.q_heads)?;
+                let pairs = queries * target.layout.kv_heads;
+                let partitions = chosen.unwrap_or_else(|| {
+                    grouped_partitions(pairs, longest, self.device.multiprocessors())
+                });
+                if !(1..=GROUPED_MAX_PARTITIONS).contains(&partitions) {
+                    return Err(CudaError::Shape {
+                        what: "grouped attention partitions (1 ..= 64)",
+                        expected: GROUPED_MAX_PARTITIONS,
+                        actual: partitions,
+                    });
+                }
+                Ok(partitions)
+            }
+        }
     }
 
     /// Refills `slots` (the same count) for another pass of a captured graph.
@@ -171,7 +246,14 @@ impl Ops<'_> {
                 actual: bad as usize,
             });
         }
-        let reach = (index.max_blocks * block_size).min(index.partitions * ATTENTION_PART);
+        // The grouped kernel fits its partitions to each context; the legacy one's are
+        // 256 positions each.
+        let reach = match index.kernel {
+            AttentionKernel::Legacy => {
+                (index.max_blocks * block_size).min(index.partitions * ATTENTION_PART)
+            }
+            AttentionKernel::Grouped => index.max_blocks * block_size,
+        };
         let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
         if longest > reach || contexts.contains(&0) {
             return Err(CudaError::Shape {
@@ -184,21 +266,23 @@ impl Ops<'_> {
         self.copy_to_device(contexts, &mut index.contexts)
     }
 
-    /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim), split
-    /// into partitions of [`ATTENTION_PART`] positions and merged. `out` has q's shape.
+    /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim) by the
+    /// kernel the index was made for. `out` has q's shape.
     pub fn paged_attention(
         &self,
         out: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
         cache: (&CudaSlice<u16>, &CudaSlice<u16>),
-        layout: crate::attention::KvLayout,
+        layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
         let (k_cache, v_cache) = cache;
-        let hd = layout.head_dim;
-        let q_heads = index.q_heads;
         let queries = index.query_seq.len();
-        check("attention q", queries * q_heads * hd, q.len())?;
+        check(
+            "attention q",
+            queries * index.q_heads * layout.head_dim,
+            q.len(),
+        )?;
         check("attention out", q.len(), out.len())?;
         check(
             "attention k cache",
@@ -206,6 +290,25 @@ impl Ops<'_> {
             k_cache.len(),
         )?;
         check("attention v cache", k_cache.len(), v_cache.len())?;
+        match index.kernel {
+            AttentionKernel::Legacy => self.legacy_attention(out, q, cache, layout, index),
+            AttentionKernel::Grouped => self.grouped_attention(out, q, cache, layout, index),
+        }
+    }
+
+    /// `attention.cu`: partitions of [`ATTENTION_PART`] positions, merged.
+    fn legacy_attention(
+        &self,
+        out: &mut CudaSlice<f32>,
+        q: &CudaSlice<f32>,
+        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        layout: KvLayout,
+        index: &mut AttentionIndex,
+    ) -> Result<(), CudaError> {
+        let (k_cache, v_cache) = cache;
+        let hd = layout.head_dim;
+        let q_heads = index.q_heads;
+        let queries = index.query_seq.len();
         check(
             "attention scratch",
             queries * q_heads * index.partitions * hd,

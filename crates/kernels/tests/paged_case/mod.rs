@@ -1,0 +1,106 @@
+//! A paged KV cache of random values for the attention kernels' GPU tests (`gpu.rs`): the
+//! same bf16-rounded K/V on the device and in the CPU twin's f32 pools.
+
+use rand::Rng as _;
+use rand::rngs::StdRng;
+use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
+use tessera_kernels::cuda::ops::Ops;
+use tessera_kernels::cuda::{AttentionIndex, AttentionKernel, AttentionTarget};
+
+use super::{random, rounded, to_bf16};
+
+/// A paged cache of random K/V (bf16 on the device; the CPU twin's f32 pools hold the same
+/// rounded values) with one sequence per length, its blocks shuffled over the pool.
+pub struct PagedCase {
+    pub layout: KvLayout,
+    pub blocks: usize,
+    pub max_blocks: usize,
+    pub tables: Vec<u32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl PagedCase {
+    pub fn new(rng: &mut StdRng, layout: KvLayout, lens: &[usize]) -> PagedCase {
+        let per_seq: Vec<usize> = lens.iter().map(|l| l.div_ceil(layout.block_size)).collect();
+        let max_blocks = per_seq.iter().copied().max().unwrap_or(1);
+        let blocks = per_seq.iter().sum::<usize>() + 3;
+        let mut ids: Vec<u32> = (0..blocks as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        let mut tables = vec![0u32; lens.len() * max_blocks];
+        let mut next = ids.into_iter();
+        for (s, &n) in per_seq.iter().enumerate() {
+            for b in 0..n {
+                tables[s * max_blocks + b] = next.next().unwrap();
+            }
+        }
+        let pool = blocks * layout.block_len();
+        // Keys up to ±2 spread the logits (q up to ±1: up to ±2·√head_dim before scaling).
+        let (k, v) = (random(rng, pool, 2.0), random(rng, pool, 1.0));
+        PagedCase {
+            layout,
+            blocks,
+            max_blocks,
+            tables,
+            k: rounded(&k),
+            v: rounded(&v),
+        }
+    }
+
+    /// The CPU twin's output for queries `query_seq` seeing `contexts` positions.
+    pub fn attend(
+        &self,
+        q: &[f32],
+        query_seq: &[u32],
+        contexts: &[u32],
+        q_heads: usize,
+    ) -> Vec<f32> {
+        let m = self.max_blocks;
+        let rows: Vec<&[u32]> = query_seq
+            .iter()
+            .map(|&s| &self.tables[s as usize * m..(s as usize + 1) * m])
+            .collect();
+        let visible: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
+        let kv = PagedKv {
+            layout: self.layout,
+            k: &self.k,
+            v: &self.v,
+        };
+        let mut want = vec![0.0; q.len()];
+        paged_attention(q, &kv, &rows, &visible, q_heads, &mut want);
+        want
+    }
+
+    pub fn target(&self, q_heads: usize, partitions: Option<usize>) -> AttentionTarget {
+        AttentionTarget {
+            layout: self.layout,
+            cache_blocks: self.blocks,
+            q_heads,
+            kernel: AttentionKernel::Grouped,
+            partitions,
+        }
+    }
+
+    /// `q`'s attention on the device through `index`.
+    pub fn run(&self, ops: &Ops<'_>, q: &[f32], index: &mut AttentionIndex) -> Vec<f32> {
+        let (k_cache, v_cache) = (
+            ops.upload(&to_bf16(&self.k)).unwrap(),
+            ops.upload(&to_bf16(&self.v)).unwrap(),
+        );
+        let mut out = ops.alloc::<f32>(q.len()).unwrap();
+        let q_dev = ops.upload(q).unwrap();
+        ops.paged_attention(&mut out, &q_dev, (&k_cache, &v_cache), self.layout, index)
+            .unwrap();
+        ops.download(&out).unwrap()
+    }
+}
+
+/// Tolerance of the grouped kernel against its twin: both read the same bf16-rounded K/V
+/// and f32 q, so what differs is f32 summation order (dots of ≤ 128 products; sums over ≤
+/// 4,097 positions, split or not) and `ex2.approx` (2 ulp) against the twin's `exp`. Each
+/// output is a convex combination of |v| ≤ 1, so these stay near 1e-6 (a CPU emulation of
+/// the kernel measured ≤ 3e-7 against an f64 reference); 1e-4 leaves room for the
+/// device's rounding while a wrong position, head or partition weight is off by far more.
+pub const GROUPED_TOLERANCE: f32 = 1e-4;
