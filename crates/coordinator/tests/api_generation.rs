@@ -419,3 +419,30 @@ async fn invalid_utf8_and_lone_surrogates_are_400() {
     assert_error(&reply, 400, "invalid_request_error", None);
     assert!(engine.requests().is_empty());
 }
+
+/// The response names its request in `x-request-id`, streamed (before the first event,
+/// so a stream that breaks at once can still be resumed) or not.
+#[tokio::test]
+async fn responses_name_their_request_in_a_header() {
+    let engine = || MockEngine::new(Reply::EchoPrompt(2));
+    let whole = complete(app(engine()), json!({"model": IDS_MODEL, "prompt": [5, 6]})).await;
+    assert_eq!(whole.status, 200);
+    let header = whole.headers.get("x-request-id").expect("the header");
+    assert_eq!(header.to_str().unwrap(), whole.body["id"].as_str().unwrap());
+
+    let request = axum::http::Request::post("/v1/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(
+            json!({"model": IDS_MODEL, "prompt": [5, 6], "stream": true}).to_string(),
+        ))
+        .unwrap();
+    let (status, headers, text) = send_text(app(engine()), request).await;
+    assert_eq!(status, 200);
+    let id = headers
+        .get("x-request-id")
+        .expect("the header")
+        .to_str()
+        .unwrap();
+    assert!(id.starts_with("cmpl-"), "{id}");
+    assert!(text.contains(&format!("\"id\":\"{id}\"")), "{text}");
+}

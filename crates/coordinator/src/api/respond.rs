@@ -66,11 +66,25 @@ pub(crate) async fn respond(
         resume_from: 0,
     };
     let parts = choice_parts(streams, model.tokenizer.clone(), params, start);
-    if params.stream {
-        return Ok(sse::sse(meta, parts, shape, start));
+    let header = request_id_header(&meta.id);
+    let mut response = if params.stream {
+        sse::sse(meta, parts, shape, start)
+    } else {
+        Json(collect(&meta, parts, &shape, start).await?).into_response()
+    };
+    if let Some(value) = header {
+        response.headers_mut().insert(REQUEST_ID, value);
     }
-    let body = collect(&meta, parts, &shape, start).await?;
-    Ok(Json(body).into_response())
+    Ok(response)
+}
+
+/// The response header naming the request (its journal id, which `GET /v1/streams/{id}`
+/// takes): for a stream it comes before the first event, so a client whose stream breaks
+/// at once can still resume it.
+pub(crate) const REQUEST_ID: &str = "x-request-id";
+
+pub(crate) fn request_id_header(id: &str) -> Option<axum::http::HeaderValue> {
+    axum::http::HeaderValue::from_str(id).ok()
 }
 
 /// Every choice's parts, merged in the order they come.
