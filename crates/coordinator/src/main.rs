@@ -21,7 +21,7 @@ use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
 use tessera_coordinator::replication::transport::{self, Addresses};
-use tessera_coordinator::replication::{LogStore, log, node, peer::Peer};
+use tessera_coordinator::replication::{LogStore, log, membership, node, peer::Peer};
 use tessera_coordinator::{metrics, server};
 use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
@@ -86,6 +86,10 @@ struct Args {
     /// Seconds a request may stay open in the journal before it is dropped.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
     journal_open_ttl: u64,
+    /// Check that this peer's data dir holds no configuration other than the topology's
+    /// peers, and exit: `tessera up` runs this before it starts anything.
+    #[arg(long)]
+    check: bool,
 }
 
 impl Args {
@@ -126,6 +130,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
     let me = this_peer(&topology, PeerId(args.peer))?;
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| me.data_dir.clone());
+    check_data_dir(&topology, &me, &data_dir, args.join)?;
+    if args.check {
+        eprintln!(
+            "coordinator peer {}: data dir {} is consistent",
+            me.id,
+            data_dir.display()
+        );
+        return Ok(());
+    }
     // Before anything starts: an API open to other hosts needs a key.
     let http_addr = match args.http {
         Some(addr) => addr,
@@ -138,7 +152,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let quic_addr = resolve(&me.quic.to_string()).await?;
     let endpoint = quic::server_endpoint(quic_addr, &credentials)?;
 
-    let data_dir = args.data_dir.unwrap_or_else(|| me.data_dir.clone());
     let node = start_raft(&topology, &me, &data_dir, args.join, &endpoint)?;
     tokio::spawn(fail_stop(node.clone()));
     let topology = Arc::new(topology);
@@ -213,6 +226,25 @@ fn this_peer(topology: &Topology, peer: PeerId) -> anyhow::Result<CoordinatorPee
         .find(|c| c.id == peer)
         .ok_or_else(|| anyhow!("coordinator peer {peer} is not in the topology"))?;
     Ok(me.clone())
+}
+
+/// Refuses a data dir whose stored configuration is not the topology's peers (a peer
+/// joining with `--join` takes its configuration from the leader), without creating it.
+fn check_data_dir(
+    topology: &Topology,
+    me: &CoordinatorPeer,
+    data_dir: &Path,
+    join: bool,
+) -> anyhow::Result<()> {
+    let path = data_dir.join("raft.redb");
+    if join || !path.exists() {
+        return Ok(());
+    }
+    let store = LogStore::open(&path)
+        .with_context(|| format!("opening the Raft log in {}", data_dir.display()))?;
+    let listed: Vec<PeerId> = topology.coordinators.iter().map(|c| c.id).collect();
+    membership::check(me.id, data_dir, &store.voters(), &listed)?;
+    Ok(())
 }
 
 /// Opens this peer's Raft log in `data_dir` and starts its Raft thread, its messages

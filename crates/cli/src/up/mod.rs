@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use tessera_comm::certs::{CA_CERT_FILE, init_cluster};
+use tessera_comm::certs::{CA_CERT_FILE, Identity, init_cluster};
 use tessera_topology::{NetAddr, Topology};
 
 use crate::topology_cmd;
@@ -189,6 +189,7 @@ pub fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     check_binaries(&children, &bin_dir)?;
+    check_data_dirs(&children)?;
     if let Some(api) = &api {
         refuse_busy_http(api)?;
     }
@@ -405,6 +406,31 @@ fn check_binaries(children: &[ChildSpec], bin_dir: &Path) -> anyhow::Result<()> 
                  (--bin-dir) at its directory; looked in {}",
                 child.program.display(),
                 bin_dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to start anything when a coordinator's data dir holds another configuration
+/// than the topology's peers (a data dir left by a run with other coordinators): each
+/// peer's own `--check` says so, naming both lists and how to reconcile them.
+fn check_data_dirs(children: &[ChildSpec]) -> anyhow::Result<()> {
+    let coordinators = children
+        .iter()
+        .filter(|c| matches!(c.identity, Identity::Coordinator(_)));
+    for child in coordinators {
+        let out = std::process::Command::new(&child.program)
+            .args(&child.args)
+            .arg("--check")
+            .output()
+            .with_context(|| format!("running {}", child.program.display()))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            bail!(
+                "{}: {}",
+                child.name,
+                stderr.trim().trim_start_matches("error: ")
             );
         }
     }

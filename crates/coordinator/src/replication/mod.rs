@@ -9,11 +9,13 @@
 //! - [`node`]: the driver of a peer — its own thread, ticks, a transport — and the handle
 //!   callers propose through.
 //! - [`transport`]: Raft messages between peers over QUIC with mutual TLS.
+//! - [`membership`]: a peer's stored configuration against the topology's peers.
 //! - [`linearizable`]: the linearizability checker the simulation's histories go through.
 //! - [`log`]: raft-rs's `slog` records forwarded to `tracing`.
 
 pub mod linearizable;
 pub mod log;
+pub mod membership;
 pub mod node;
 pub mod peer;
 pub mod state;

@@ -166,6 +166,13 @@ impl LogStore {
 }
 
 impl LogStore {
+    /// The voters of the configuration this store holds (none before the first).
+    pub fn voters(&self) -> Vec<tessera_topology::PeerId> {
+        let mirror = self.mirror.read().expect("mirror lock");
+        let voters = mirror.conf_state.voters.iter();
+        voters.map(|&v| tessera_topology::PeerId(v)).collect()
+    }
+
     /// Appends `entries` (replacing any entries from the first one's index on, which a new
     /// leader overwrote) and records `hard_state`, in one durable transaction.
     pub fn persist(

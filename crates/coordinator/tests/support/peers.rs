@@ -16,13 +16,16 @@ use tessera_coordinator::replication::transport::{self, Addresses, serve_inbound
 use tessera_coordinator::replication::{LogStore, log};
 use tessera_topology::{PeerId, Topology};
 
-fn free_udp() -> SocketAddr {
+/// A free UDP port on loopback.
+pub fn free_udp() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0")
         .and_then(|s| s.local_addr())
         .expect("a free port")
 }
 
-fn topology_text(quic: &[SocketAddr], model: &str) -> String {
+/// A topology of one coordinator per QUIC address (data dirs `c1`, `c2`, …) and one
+/// group serving `model`.
+pub fn topology_text(quic: &[SocketAddr], model: &str) -> String {
     let mut t = String::new();
     for (i, addr) in quic.iter().enumerate() {
         let id = i + 1;
