@@ -63,6 +63,13 @@ pub enum CoordinatorError {
         open_bytes: u64,
         budget: u64,
     },
+    #[error(
+        "the request would take {bytes} bytes of the request journal, whose whole budget is \
+         {budget}; shorten the prompt or max_tokens"
+    )]
+    TooLargeForJournal { bytes: u64, budget: u64 },
+    #[error("request {id} cannot run again: {outcome:?}")]
+    NotReopened { id: String, outcome: Outcome },
     #[error("this coordinator peer ({me}) is not the leader; peer {leader} at http://{http} is")]
     NotLeader {
         me: PeerId,
@@ -162,6 +169,8 @@ impl CoordinatorError {
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }
             | E::TooLarge { .. }
+            | E::TooLargeForJournal { .. }
+            | E::NotReopened { .. }
             | E::AlreadyJournaled { .. }
             | E::AlreadyRunning { .. }
             | E::NotReplicated

@@ -189,10 +189,10 @@ pub fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     check_binaries(&children, &bin_dir)?;
-    check_data_dirs(&children)?;
     if let Some(api) = &api {
         refuse_busy_http(api)?;
     }
+    check_data_dirs(&children)?;
     let logs_dir = args.run_dir.join("logs");
     eprintln!(
         "{ME} logs in {}; Ctrl-C stops everything",
@@ -412,9 +412,10 @@ fn check_binaries(children: &[ChildSpec], bin_dir: &Path) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Refuses to start anything when a coordinator's data dir holds another configuration
-/// than the topology's peers (a data dir left by a run with other coordinators): each
-/// peer's own `--check` says so, naming both lists and how to reconcile them.
+/// Refuses to start anything when a coordinator's data dir holds a configuration that
+/// could elect a leader beside the topology's peers (a data dir left by a run with other
+/// coordinators): each peer's own `--check` says so, naming both lists and how to
+/// reconcile them.
 fn check_data_dirs(children: &[ChildSpec]) -> anyhow::Result<()> {
     let coordinators = children
         .iter()

@@ -125,6 +125,10 @@ impl JournalBudget {
         request: &GenerateRequest,
     ) -> Result<Reservation, CoordinatorError> {
         let bytes = counted_bytes(id, request, 0, true);
+        if bytes > self.limits.budget {
+            let budget = self.limits.budget;
+            return Err(CoordinatorError::TooLargeForJournal { bytes, budget });
+        }
         if let Some(reservation) = self.try_reserve(bytes) {
             return Ok(reservation);
         }
@@ -147,13 +151,19 @@ impl JournalBudget {
             return Err(full());
         }
         // Finished requests make room: down to three quarters of the budget, so that
-        // the next requests find room without pruning again.
-        let max_bytes = (budget / 4 * 3).min(budget - pending - bytes);
+        // the next requests find room without pruning again, or only as much as this
+        // request needs when running ones hold more than that.
+        let needed = budget - pending - bytes;
+        let max_bytes = if usage.open_bytes <= budget / 4 * 3 {
+            (budget / 4 * 3).min(needed)
+        } else {
+            needed
+        };
         info!(
             bytes = usage.bytes,
             budget, max_bytes, "journal full: dropping finished requests"
         );
-        self.prune(max_bytes).await;
+        self.prune(max_bytes, None).await;
         self.try_reserve(bytes).ok_or_else(full)
     }
 
@@ -178,14 +188,21 @@ impl JournalBudget {
         }
     }
 
-    /// Proposes a prune: by age (retention, time to live), and then down to `max_bytes`.
-    pub async fn prune(&self, max_bytes: u64) {
+    /// Proposes a prune: finished requests past their retention, then down to
+    /// `max_bytes`; with `running` (the requests this leader runs), also open requests
+    /// past their time to live that are not among them.
+    pub async fn prune(&self, max_bytes: u64, running: Option<Vec<String>>) {
         let now = now_ms();
         let limits = self.limits;
+        let open_before_ms = match running {
+            Some(_) => now.saturating_sub(limits.open_ttl.as_millis() as u64),
+            None => 0,
+        };
         let command = Command::Prune {
             finished_before_ms: now.saturating_sub(limits.retention.as_millis() as u64),
-            open_before_ms: now.saturating_sub(limits.open_ttl.as_millis() as u64),
+            open_before_ms,
             max_bytes,
+            running: running.unwrap_or_default(),
         };
         if let Err(error) = self.node.propose(command, JOURNAL_TIMEOUT).await {
             warn!(%error, "journal not pruned");
@@ -200,7 +217,8 @@ impl Leadership {
         loop {
             every.tick().await;
             if self.leading().is_some() {
-                self.budget.prune(u64::MAX).await;
+                let running = self.tails.ids();
+                self.budget.prune(u64::MAX, Some(running)).await;
             }
         }
     }

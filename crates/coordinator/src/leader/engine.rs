@@ -17,7 +17,7 @@ use crate::engine::{
 };
 use crate::error::CoordinatorError;
 use crate::replication::peer::MembershipChange;
-use crate::replication::state::{Command, Outcome};
+use crate::replication::state::{Command, Journaled, Outcome};
 
 impl Engine for Leadership {
     fn generate(
@@ -108,9 +108,11 @@ impl Engine for Leadership {
                     })
                     .1
                 }
-                // Open, or ended without finishing (its client went away, its group
-                // failed it): it runs on from its checkpointed tokens.
-                (None, Some((None, _)) | None) => {
+                (None, None) => self.continue_request(&cluster, &id, &entry).await?,
+                // Ended without finishing (its client went away, its group failed it):
+                // reopened within the journal's budget, it runs on from its checkpoint.
+                (None, Some((None, _))) => {
+                    self.reopen(&id, &entry).await?;
                     self.continue_request(&cluster, &id, &entry).await?
                 }
             };
@@ -158,6 +160,24 @@ impl Engine for Leadership {
             peers: self.peers(),
             models,
             groups,
+        }
+    }
+}
+
+impl Leadership {
+    /// Opens journaled request `id` again, within the journal's budget.
+    async fn reopen(&self, id: &str, entry: &Journaled) -> Result<(), WireError> {
+        let reservation = self.budget.reserve(id, &entry.request).await?;
+        let command = Command::Reopen { id: id.to_string() };
+        let reopened = self.node.propose(command, JOURNAL_TIMEOUT).await;
+        drop(reservation);
+        match reopened {
+            Ok(applied) if applied.outcome == Outcome::Applied => Ok(()),
+            Ok(applied) => {
+                let (id, outcome) = (id.to_string(), applied.outcome);
+                Err(CoordinatorError::NotReopened { id, outcome }.into())
+            }
+            Err(source) => Err(CoordinatorError::NotJournaled { source }.into()),
         }
     }
 }

@@ -53,6 +53,12 @@ impl Tails {
         Some(tx)
     }
 
+    /// The requests this peer runs.
+    pub fn ids(&self) -> Vec<RequestId> {
+        let tails = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        tails.keys().cloned().collect()
+    }
+
     pub fn get(&self, id: &str) -> Option<watch::Receiver<Tail>> {
         let tails = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         tails.get(id).map(watch::Sender::subscribe)

@@ -1,8 +1,11 @@
 //! A peer's stored configuration against the topology's coordinator peers. A peer whose
-//! data dir holds another configuration would bootstrap nothing and elect with its old
-//! peers, while the topology's other peers elect a leader of their own: two clusters, each
-//! with a leader, and no message saying so. Such a peer refuses to start instead, naming
-//! both lists and how to reconcile them.
+//! data dir holds another configuration bootstraps nothing and elects with its old peers,
+//! while the topology's new peers bootstrap the topology's list: when a majority of the one
+//! can be disjoint from a majority of the other, that makes two clusters, each with a
+//! leader, and no message saying so. Such a peer refuses to start instead, naming both
+//! lists and how to reconcile them. Configurations one membership change apart (a peer
+//! that was down while another was added) always share a member in any two majorities,
+//! as Raft's one-at-a-time changes guarantee; the peer then starts and catches up.
 
 use std::path::Path;
 
@@ -24,8 +27,8 @@ pub struct MembershipMismatch {
     pub listed: String,
 }
 
-/// Refuses a stored configuration (`stored`, empty for a new data dir) that is not the
-/// topology's peers (`listed`), in any order.
+/// Refuses a stored configuration (`stored`, empty for a new data dir) of which a majority
+/// can be disjoint from a majority of the topology's peers (`listed`).
 pub fn check(
     me: PeerId,
     dir: &Path,
@@ -39,7 +42,7 @@ pub fn check(
         ids
     };
     let (stored, listed) = (sorted(stored), sorted(listed));
-    if stored.is_empty() || stored == listed {
+    if stored.is_empty() || !majorities_can_be_disjoint(&stored, &listed) {
         return Ok(());
     }
     let show = |ids: &[u64]| {
@@ -52,6 +55,15 @@ pub fn check(
         stored: show(&stored),
         listed: show(&listed),
     })
+}
+
+/// Whether a majority of `a` and a majority of `b` can have no member in common: each
+/// takes its members outside the other list first, and what it still needs must come
+/// from the shared ones, which two disjoint majorities cannot both use.
+fn majorities_can_be_disjoint(a: &[u64], b: &[u64]) -> bool {
+    let shared = a.iter().filter(|x| b.contains(x)).count();
+    let needs = |of: &[u64]| (of.len() / 2 + 1).saturating_sub(of.len() - shared);
+    needs(a) + needs(b) <= shared
 }
 
 #[cfg(test)]
@@ -79,6 +91,20 @@ mod tests {
         ] {
             assert!(message.contains(part), "{part}: {message}");
         }
-        assert!(check(me, dir, &ids(&[1, 2, 3, 4]), &ids(&[1, 2, 3])).is_err());
+        // Two majorities of [1, 2, 3, 4] and [1, 2, 3] always meet: one change apart.
+        assert_eq!(
+            check(me, dir, &ids(&[1, 2, 3]), &ids(&[1, 2, 3, 4])),
+            Ok(())
+        );
+        assert_eq!(
+            check(me, dir, &ids(&[1, 2, 3, 4]), &ids(&[1, 2, 3])),
+            Ok(())
+        );
+        // Two changes apart (a replacement is two), or unrelated: two clusters could each
+        // elect a leader.
+        assert!(check(me, dir, &ids(&[1, 2, 3]), &ids(&[1, 2, 4])).is_err());
+        assert!(check(me, dir, &ids(&[1, 2, 3]), &ids(&[1, 2, 3, 4, 5])).is_err());
+        assert!(check(me, dir, &ids(&[1, 2, 3]), &ids(&[4, 5, 6])).is_err());
+        assert!(check(me, dir, &ids(&[1, 2]), &ids(&[1, 3, 4])).is_err());
     }
 }

@@ -75,8 +75,8 @@ pub enum Command {
         tokens: Vec<u32>,
     },
     /// The request ended (all its tokens were checkpointed before). `reason` is `None`
-    /// when it ended without finishing: its client went away, or its group failed it;
-    /// such a request may be resumed and end again, with a reason.
+    /// when it ended without finishing: its client went away, or its group failed it
+    /// (such a request may be reopened: [`Command::Reopen`]).
     Finish {
         id: RequestId,
         reason: Option<FinishReason>,
@@ -87,14 +87,19 @@ pub enum Command {
     Expire { before_ms: u64 },
     /// Bounds the journal: drops every request that finished before `finished_before_ms`
     /// and every request still open that was accepted before `open_before_ms` (one that no
-    /// leader will finish: its `Accept` committed after its proposer gave up, say), then
-    /// finished requests, earliest finished first, until the journal counts at most
-    /// `max_bytes` ([`Journaled::bytes`]). Open requests are never dropped for bytes.
+    /// leader will finish: its `Accept` committed after its proposer gave up, say) unless
+    /// the leader names it as `running`, then finished requests, earliest finished first,
+    /// until the journal counts at most `max_bytes` ([`Journaled::bytes`]). Open requests
+    /// are never dropped for bytes.
     Prune {
         finished_before_ms: u64,
         open_before_ms: u64,
         max_bytes: u64,
+        running: Vec<RequestId>,
     },
+    /// A request that ended without a reason (its client went away, its group failed it)
+    /// runs again, resumed by its client: it is open once more (and counted so).
+    Reopen { id: RequestId },
 }
 
 /// What applying a command did. Anything but `Applied` left the state unchanged.
@@ -113,6 +118,8 @@ pub enum Outcome {
     BadProgress {
         recorded: u32,
     },
+    /// A reopen of a request that is open, or that finished with a reason.
+    NotReopenable,
 }
 
 /// A coordinator peer.
@@ -289,12 +296,7 @@ impl ClusterState {
                 let Some(entry) = self.journal.get_mut(id) else {
                     return Outcome::UnknownRequest;
                 };
-                // A request that ended without a reason (cancelled, or failed by its
-                // group) may run again, resumed by its client, and then end for good.
-                if entry
-                    .finished
-                    .is_none_or(|(was, _)| was.is_none() && reason.is_some())
-                {
+                if entry.finished.is_none() {
                     self.usage.remove(id, entry);
                     entry.finished = Some((*reason, *at_ms));
                     self.usage.add(id, entry);
@@ -302,15 +304,28 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::Expire { before_ms } => {
-                self.prune(*before_ms, 0, u64::MAX);
+                self.prune(*before_ms, 0, u64::MAX, &[]);
                 Outcome::Applied
             }
             Command::Prune {
                 finished_before_ms,
                 open_before_ms,
                 max_bytes,
+                running,
             } => {
-                self.prune(*finished_before_ms, *open_before_ms, *max_bytes);
+                self.prune(*finished_before_ms, *open_before_ms, *max_bytes, running);
+                Outcome::Applied
+            }
+            Command::Reopen { id } => {
+                let Some(entry) = self.journal.get_mut(id) else {
+                    return Outcome::UnknownRequest;
+                };
+                if !matches!(entry.finished, Some((None, _))) {
+                    return Outcome::NotReopenable;
+                }
+                self.usage.remove(id, entry);
+                entry.finished = None;
+                self.usage.add(id, entry);
                 Outcome::Applied
             }
         }

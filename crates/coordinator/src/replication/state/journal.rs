@@ -91,12 +91,18 @@ impl JournalUsage {
 
 impl ClusterState {
     /// Applies a prune (see [`Command::Prune`](super::Command::Prune)).
-    pub(super) fn prune(&mut self, finished_before_ms: u64, open_before_ms: u64, max_bytes: u64) {
+    pub(super) fn prune(
+        &mut self,
+        finished_before_ms: u64,
+        open_before_ms: u64,
+        max_bytes: u64,
+        running: &[RequestId],
+    ) {
         let usage = &mut self.usage;
         self.journal.retain(|id, entry| {
             let keep = match entry.finished {
                 Some((_, at)) => at >= finished_before_ms,
-                None => entry.accepted_ms >= open_before_ms,
+                None => entry.accepted_ms >= open_before_ms || running.contains(id),
             };
             if !keep {
                 usage.remove(id, entry);

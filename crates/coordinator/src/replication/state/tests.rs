@@ -161,11 +161,13 @@ fn random_command(rng: &mut StdRng) -> Command {
         4 if rng.random_bool(0.5) => Command::Expire {
             before_ms: rng.random_range(0..1000),
         },
-        4 => Command::Prune {
+        4 if rng.random_bool(0.7) => Command::Prune {
             finished_before_ms: rng.random_range(0..1000),
             open_before_ms: rng.random_range(0..300),
             max_bytes: rng.random_range(0..3000),
+            running: vec![format!("r{}", rng.random_range(0..6))],
         },
+        4 => Command::Reopen { id },
         5 => Command::Fence {
             group: "g".into(),
             epoch: rng.random_range(0..5),
@@ -246,6 +248,7 @@ fn prune(finished_before_ms: u64, open_before_ms: u64, max_bytes: u64) -> Comman
         finished_before_ms,
         open_before_ms,
         max_bytes,
+        running: Vec::new(),
     }
 }
 
@@ -321,6 +324,15 @@ fn pruning_drops_requests_past_their_retention_or_time_to_live() {
         ],
     );
     assert_eq!(ids(&s), ["done-new", "open-new"]);
+    // A request the leader names as running stays, however old.
+    let keep = Command::Prune {
+        finished_before_ms: 0,
+        open_before_ms: 1_000,
+        max_bytes: u64::MAX,
+        running: vec!["open-new".into()],
+    };
+    run(&mut s, &[keep]);
+    assert_eq!(ids(&s), ["done-new", "open-new"]);
 }
 
 /// A snapshot of a journal larger than one wire frame encodes, and restores to the same
@@ -345,35 +357,36 @@ fn a_snapshot_larger_than_a_frame_restores() {
     assert_eq!(restored, s);
 }
 
-/// A request that ended without a reason (cancelled, failed) may be resumed and end for
-/// good; one that finished keeps its reason.
+/// A request that ended without a reason (cancelled, failed) can be reopened, and is then
+/// counted as open again; one that is open or finished with a reason cannot.
 #[test]
-fn only_an_end_without_a_reason_can_be_finished_again() {
-    let end = |id: &str, reason, at_ms| Command::Finish {
+fn only_an_end_without_a_reason_can_be_reopened() {
+    let end = |id: &str, reason| Command::Finish {
         id: id.into(),
         reason,
-        at_ms,
+        at_ms: 10,
     };
+    let reopen = |id: &str| Command::Reopen { id: id.into() };
     let mut s = ClusterState::default();
-    run(
+    let outcomes = run(
         &mut s,
         &[
-            accept("a", 0),
-            accept("b", 0),
-            end("a", None, 10),
-            end("a", Some(FinishReason::Length), 20),
-            end("a", None, 30),
-            end("b", Some(FinishReason::Stop), 10),
-            end("b", Some(FinishReason::Length), 20),
+            accept("cut", 0),
+            accept("done", 0),
+            accept("open", 0),
+            end("cut", None),
+            end("done", Some(FinishReason::Stop)),
+            reopen("cut"),
+            reopen("done"),
+            reopen("open"),
+            reopen("nowhere"),
         ],
     );
-    assert_eq!(
-        s.journal["a"].finished,
-        Some((Some(FinishReason::Length), 20))
-    );
-    assert_eq!(
-        s.journal["b"].finished,
-        Some((Some(FinishReason::Stop), 10))
-    );
+    assert_eq!(outcomes[5], Outcome::Applied);
+    assert_eq!(outcomes[6], Outcome::NotReopenable);
+    assert_eq!(outcomes[7], Outcome::NotReopenable);
+    assert_eq!(outcomes[8], Outcome::UnknownRequest);
+    assert_eq!(s.journal["cut"].finished, None);
+    assert_eq!(s.journal_usage().open, 2);
     assert_eq!(s.journal_usage(), JournalUsage::of(&s.journal));
 }
