@@ -34,6 +34,10 @@ pub enum CoordinatorError {
     },
     #[error("group {group} has {waiting} requests waiting; retry later")]
     QueueFull { group: String, waiting: usize },
+    #[error(
+        "the request waited {waited_s} s in the queue of group {group}, which is busy; retry later"
+    )]
+    QueueTimeout { group: String, waited_s: u64 },
     /// `missing` is empty when every rank is connected (the group is still assigning).
     #[error("group {group} did not become ready within {waited_s} s{}", missing_ranks(.missing))]
     NotReady {
@@ -153,7 +157,9 @@ impl CoordinatorError {
     pub fn class(&self) -> ErrorClass {
         use CoordinatorError as E;
         match self {
-            E::QueuesFull { .. } | E::QueueFull { .. } => ErrorClass::CapacityExhausted,
+            E::QueuesFull { .. } | E::QueueFull { .. } | E::QueueTimeout { .. } => {
+                ErrorClass::CapacityExhausted
+            }
             E::JournalFull { .. } => ErrorClass::Unavailable,
             E::StreamEndedEarly => ErrorClass::Internal,
             E::NotReady { .. }

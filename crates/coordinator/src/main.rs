@@ -16,7 +16,8 @@ use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
-use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
+use tessera_coordinator::api::listen::{self, ConnLimits};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
@@ -90,6 +91,113 @@ struct Args {
     /// peers, and exit: `tessera up` runs this before it starts anything.
     #[arg(long)]
     check: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What one peer takes on before it sheds load (see docs/api.md, "Limits"). Zero turns a
+/// count or rate limit off.
+#[derive(Debug, clap::Args)]
+struct LimitArgs {
+    /// HTTP connections open at once; one more gets 503 and is closed.
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Seconds a request's headers may take to arrive (a keep-alive connection's idle
+    /// time included).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "TESSERA_HEADER_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    header_timeout: f64,
+    /// Seconds a request's body may take to arrive (408 after).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "TESSERA_BODY_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    body_timeout: f64,
+    /// Completion requests (streams and resumes included) served at once; more get 429.
+    #[arg(long, env = "TESSERA_MAX_IN_FLIGHT", default_value_t = 2048)]
+    max_in_flight: usize,
+    /// The same, for each API key.
+    #[arg(long, env = "TESSERA_MAX_IN_FLIGHT_PER_KEY", default_value_t = 0)]
+    max_in_flight_per_key: usize,
+    /// Requests per second each API key may start, on average; more get 429 with the
+    /// Retry-After at which the next one fits.
+    #[arg(long, env = "TESSERA_RATE_PER_KEY", default_value_t = 0.0)]
+    rate_per_key: f64,
+    /// Requests a key may start at once after a pause (default: one second's worth).
+    #[arg(long, env = "TESSERA_RATE_BURST")]
+    rate_burst: Option<f64>,
+    /// Seconds a response may wait for its client to read; then the connection is closed,
+    /// and a stream's sequence cancelled with its KV freed.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "TESSERA_WRITE_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    write_timeout: f64,
+    /// Seconds a request may wait in a busy group's queue; then it gets 429.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "TESSERA_QUEUE_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    queue_timeout: f64,
+    /// An API key that may also run requests ahead of the default priority (`priority`
+    /// below 0), which preempts other requests; repeat for several. `TESSERA_PRIORITY_KEYS`
+    /// takes a comma-separated list. Admin keys may too.
+    #[arg(
+        long = "priority-key",
+        value_name = "KEY",
+        env = "TESSERA_PRIORITY_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    priority_keys: Vec<String>,
+}
+
+impl LimitArgs {
+    fn api(&self) -> anyhow::Result<ApiLimits> {
+        if !(self.rate_per_key >= 0.0 && self.rate_per_key.is_finite()) {
+            return Err(anyhow!("--rate-per-key must be a number of 0 or more"));
+        }
+        let rate_burst = self.rate_burst.unwrap_or(self.rate_per_key);
+        if !(rate_burst >= 0.0 && rate_burst.is_finite()) {
+            return Err(anyhow!("--rate-burst must be a number of 0 or more"));
+        }
+        Ok(ApiLimits {
+            max_in_flight: self.max_in_flight,
+            max_in_flight_per_key: self.max_in_flight_per_key,
+            rate_per_key: self.rate_per_key,
+            rate_burst,
+            body_timeout: seconds("--body-timeout", self.body_timeout)?,
+        })
+    }
+
+    fn connections(&self) -> anyhow::Result<ConnLimits> {
+        if self.max_connections == 0 {
+            return Err(anyhow!("--max-connections must be at least 1"));
+        }
+        Ok(ConnLimits {
+            max_connections: self.max_connections,
+            header_timeout: seconds("--header-timeout", self.header_timeout)?,
+            write_timeout: seconds("--write-timeout", self.write_timeout)?,
+        })
+    }
+}
+
+/// A positive duration from a flag's seconds.
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow!("{flag} must be a positive number of seconds; got {value}"))
 }
 
 impl Args {
@@ -126,7 +234,15 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal_limits = args.journal_limits()?;
-    let api_keys = ApiKeys::new(args.api_keys).with_admin(args.admin_keys);
+    let api_limits = args.limits.api()?;
+    let conn_limits = args.limits.connections()?;
+    let group_limits = Limits {
+        queue_timeout: seconds("--queue-timeout", args.limits.queue_timeout)?,
+        ..Limits::default()
+    };
+    let api_keys = ApiKeys::new(args.api_keys)
+        .with_priority(args.limits.priority_keys)
+        .with_admin(args.admin_keys);
     let metrics_handle = metrics::install();
     let topology = Topology::read(&args.topology)?;
     let me = this_peer(&topology, PeerId(args.peer))?;
@@ -166,7 +282,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         me.id,
         node.clone(),
         Arc::clone(&topology),
-        Limits::default(),
+        group_limits,
         journal_limits,
         announce,
     );
@@ -186,16 +302,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
         data_dir = %data_dir.display(),
         "coordinator started"
     );
-    let app = http_app(models, api_keys, leadership, metrics_handle);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP")?;
+    raise_open_files(conn_limits.max_connections);
+    let app = http_app(models, api_keys, api_limits, leadership, metrics_handle);
+    listen::serve(listener, app, conn_limits, shutdown_signal()).await;
     endpoint.close(0u32.into(), b"coordinator stopping");
     // What it acknowledged is on disk already; this only ends the thread.
     tokio::task::spawn_blocking(move || node.stop()).await.ok();
     info!("stopped");
     Ok(())
+}
+
+/// File descriptors a peer needs besides its HTTP connections: the Raft store, QUIC,
+/// logs, and forwarding.
+const OTHER_FILES: u64 = 256;
+
+/// Raises the soft limit of open files to the hard one, as servers do, and warns when even
+/// that cannot hold `max_connections`: the accept loop would then fail with EMFILE first.
+fn raise_open_files(max_connections: usize) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    // Unlimited is `None`; a soft limit is never above the hard one.
+    if limit.current.is_some() && limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(error) = setrlimit(Resource::Nofile, limit) {
+            warn!(%error, "raising the limit of open files failed");
+        }
+    }
+    let soft = getrlimit(Resource::Nofile).current;
+    let needed = max_connections as u64 + OTHER_FILES;
+    if let Some(soft) = soft.filter(|&soft| soft < needed) {
+        warn!(
+            open_files = soft,
+            max_connections,
+            "the limit of open files is below --max-connections plus {OTHER_FILES}: lower \
+             --max-connections or raise the limit (ulimit -n)"
+        );
+    }
 }
 
 /// Exits the process when its Raft peer stops on its own (its store failed): a peer
@@ -287,6 +429,7 @@ fn start_raft(
 fn http_app(
     models: Vec<ServedModel>,
     api_keys: ApiKeys,
+    limits: ApiLimits,
     leadership: Leadership,
     metrics_handle: Option<PrometheusHandle>,
 ) -> axum::Router {
@@ -294,6 +437,7 @@ fn http_app(
         models,
         engine: Arc::new(leadership.clone()),
         api_keys,
+        limits,
     })
     .layer(axum::middleware::from_fn_with_state(
         Forwarder::new(leadership),

@@ -2,11 +2,17 @@
 //! `/ready`, `/metrics`) and the status page's HTML (`/`, which holds no data and asks for a
 //! key itself; the data it shows comes from `/v1/cluster`, which needs one).
 //!
-//! Two rights: inference keys (`--api-key`) call the API; admin keys (`--admin-key`) call
-//! it too, and they alone change the cluster (the membership routes under
-//! `/v1/cluster/peers`). An inference key there gets 403. A coordinator with inference
-//! keys but no admin key refuses every cluster change (403, naming `--admin-key`); one
-//! with no key at all (loopback only) lets every request through.
+//! Three rights: inference keys (`--api-key`) call the API; priority keys
+//! (`--priority-key`) call it too and may also set a request's `priority` ahead of the
+//! default (below 0), which no inference key may, since it preempts other tenants' running
+//! requests; admin keys (`--admin-key`) may do both, and they alone change the cluster (the
+//! membership routes under `/v1/cluster/peers`). An inference key there gets 403. A
+//! coordinator with inference keys but no admin key refuses every cluster change (403,
+//! naming `--admin-key`); one with no key at all (loopback only) lets every request
+//! through. When inference needs no key, anyone may set any priority.
+//!
+//! The middleware leaves the request's [`Caller`] in its extensions: the per-key limits of
+//! [`super::limits`] and the priority check read it there.
 //!
 //! Keys are compared in constant time: the time taken depends on the lengths only, never
 //! on how many leading bytes of a guess are right. Every configured key is compared, with
@@ -34,7 +40,52 @@ const ADMIN_PREFIX: &str = "/v1/cluster/peers";
 #[derive(Clone, Default)]
 pub struct ApiKeys {
     inference: KeySet,
+    priority: KeySet,
     admin: KeySet,
+}
+
+/// Who sent a request, as far as the limits and rights care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Caller {
+    /// No key was needed (inference is open): one tenant for the per-key limits.
+    Anyone,
+    /// The key at `index` of its kind's list.
+    Key { kind: KeyKind, index: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum KeyKind {
+    Inference,
+    Priority,
+    Admin,
+}
+
+impl Caller {
+    /// Whether the caller may set `priority` (lower runs first; 0 is the default).
+    pub(crate) fn check_priority(self, priority: i32) -> Result<(), ApiError> {
+        let allowed = match self {
+            Caller::Anyone
+            | Caller::Key {
+                kind: KeyKind::Priority | KeyKind::Admin,
+                ..
+            } => true,
+            Caller::Key {
+                kind: KeyKind::Inference,
+                ..
+            } => false,
+        };
+        if priority < 0 && !allowed {
+            return Err(ApiError::new(
+                ApiErrorKind::Forbidden,
+                format!(
+                    "`priority` {priority} would run ahead of other requests, which this API \
+                     key may not do: use 0 or more, or a priority key (--priority-key)"
+                ),
+            )
+            .with_param("priority"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Default)]
@@ -44,8 +95,9 @@ impl fmt::Debug for ApiKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ApiKeys({} inference keys, {} admin keys)",
+            "ApiKeys({} inference keys, {} priority keys, {} admin keys)",
             self.inference.0.len(),
+            self.priority.0.len(),
             self.admin.0.len()
         )
     }
@@ -57,8 +109,14 @@ impl ApiKeys {
     pub fn new(keys: impl IntoIterator<Item = String>) -> ApiKeys {
         ApiKeys {
             inference: KeySet::new(keys),
-            admin: KeySet::default(),
+            ..ApiKeys::default()
         }
+    }
+
+    /// The same, with these priority keys: they call the API and may raise `priority`.
+    pub fn with_priority(mut self, keys: impl IntoIterator<Item = String>) -> ApiKeys {
+        self.priority = KeySet::new(keys);
+        self
     }
 
     /// The same, with these admin keys.
@@ -69,32 +127,45 @@ impl ApiKeys {
 
     /// Whether every inference request passes without a key.
     pub fn is_empty(&self) -> bool {
-        self.inference.0.is_empty()
+        self.inference.0.is_empty() && self.priority.0.is_empty()
     }
 
-    /// What a request for `path` with `presented` (its bearer token) may do.
-    fn check(&self, path: &str, presented: Option<&[u8]>) -> Result<(), Refusal> {
+    /// Who a request for `path` with `presented` (its bearer token) is, if it may pass.
+    fn check(&self, path: &str, presented: Option<&[u8]>) -> Result<Caller, Refusal> {
         let admin_path = path.starts_with(ADMIN_PREFIX);
-        if self.is_empty() && (self.admin.0.is_empty() || !admin_path) {
-            return Ok(());
+        let open = self.is_empty();
+        if open && (self.admin.0.is_empty() || !admin_path) {
+            return Ok(Caller::Anyone);
         }
         let Some(token) = presented else {
             return Err(Refusal::Unauthorized(
                 "an API key is required: send it as `Authorization: Bearer <key>`",
             ));
         };
-        let admin = self.admin.accepts(token);
-        let inference = self.inference.accepts(token);
-        match (admin_path, admin, inference) {
-            (_, true, _) | (false, false, true) => Ok(()),
-            (true, false, true) if self.admin.0.is_empty() => Err(Refusal::Forbidden(
+        // Every list is compared: the time taken says nothing of which kind matched.
+        let admin = self.admin.position(token).map(|index| Caller::Key {
+            kind: KeyKind::Admin,
+            index,
+        });
+        let priority = self.priority.position(token).map(|index| Caller::Key {
+            kind: KeyKind::Priority,
+            index,
+        });
+        let inference = self.inference.position(token).map(|index| Caller::Key {
+            kind: KeyKind::Inference,
+            index,
+        });
+        match (admin_path, admin, priority.or(inference)) {
+            (_, Some(caller), _) => Ok(caller),
+            (false, None, Some(caller)) => Ok(caller),
+            (true, None, Some(_)) if self.admin.0.is_empty() => Err(Refusal::Forbidden(
                 "changes to the cluster need an admin key, and this coordinator has none: \
                  start it with --admin-key (or TESSERA_ADMIN_KEYS)",
             )),
-            (true, false, true) => Err(Refusal::Forbidden(
+            (true, None, Some(_)) => Err(Refusal::Forbidden(
                 "this API key may not change the cluster: use an admin key",
             )),
-            (_, false, false) => Err(Refusal::Unauthorized("the API key is not valid")),
+            (_, None, None) => Err(Refusal::Unauthorized("the API key is not valid")),
         }
     }
 }
@@ -129,11 +200,12 @@ impl KeySet {
         )
     }
 
-    /// Whether `presented` is one of the keys.
-    fn accepts(&self, presented: &[u8]) -> bool {
-        self.0
-            .iter()
-            .fold(false, |found, key| constant_time_eq(key, presented) | found)
+    /// Where `presented` is in the list, if it is; every key is compared.
+    fn position(&self, presented: &[u8]) -> Option<usize> {
+        self.0.iter().enumerate().fold(None, |found, (index, key)| {
+            let equal = constant_time_eq(key, presented);
+            found.or(equal.then_some(index))
+        })
     }
 }
 
@@ -169,7 +241,7 @@ pub fn check_exposure(addr: SocketAddr, keys: &ApiKeys) -> Result<(), ExposureEr
 /// The middleware: 401 in the OpenAI envelope unless the key is right.
 pub(crate) async fn require_key(
     State(keys): State<ApiKeys>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if OPEN_PATHS.contains(&request.uri().path()) {
@@ -181,7 +253,10 @@ pub(crate) async fn require_key(
         .map(HeaderValue::as_bytes)
         .and_then(bearer_token);
     match keys.check(request.uri().path(), presented) {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
         Err(refusal) => refusal.into_response(),
     }
 }
@@ -213,16 +288,16 @@ mod tests {
     fn keys_match_exactly() {
         let keys = KeySet::new(["abc".to_string(), " def ".to_string(), String::new()]);
         assert_eq!(keys.0.len(), 2);
-        assert!(keys.accepts(b"abc"));
-        assert!(keys.accepts(b"def"));
-        assert!(!keys.accepts(b"ab"));
-        assert!(!keys.accepts(b"abcd"));
-        assert!(!keys.accepts(b""));
-        assert!(!KeySet::default().accepts(b""));
+        assert_eq!(keys.position(b"abc"), Some(0));
+        assert_eq!(keys.position(b"def"), Some(1));
+        assert_eq!(keys.position(b"ab"), None);
+        assert_eq!(keys.position(b"abcd"), None);
+        assert_eq!(keys.position(b""), None);
+        assert_eq!(KeySet::default().position(b""), None);
         let keys = ApiKeys::new(["abc".to_string()]).with_admin(["adm".to_string()]);
         assert_eq!(
             format!("{keys:?}"),
-            "ApiKeys(1 inference keys, 1 admin keys)"
+            "ApiKeys(1 inference keys, 0 priority keys, 1 admin keys)"
         );
     }
 
@@ -232,7 +307,7 @@ mod tests {
     fn admin_routes_take_admin_keys_only() {
         let status = |keys: &ApiKeys, path: &str, key: Option<&str>| {
             keys.check(path, key.map(str::as_bytes))
-                .map_or_else(|r| r.into_response().status().as_u16(), |()| 200)
+                .map_or_else(|r| r.into_response().status().as_u16(), |_| 200)
         };
         let peers = "/v1/cluster/peers";
         let infer = "/v1/completions";
@@ -257,6 +332,42 @@ mod tests {
         assert_eq!(status(&admins, peers, Some("root")), 200);
         // No key at all (loopback only): everything passes.
         assert_eq!(status(&ApiKeys::default(), peers, None), 200);
+    }
+
+    /// Only priority and admin keys (or anyone, when inference needs no key) may run a
+    /// request ahead of the default priority; every key may run one behind it.
+    #[test]
+    fn priority_ahead_of_the_default_needs_the_right() {
+        let keys = ApiKeys::new(["user".to_string()])
+            .with_priority(["vip".to_string()])
+            .with_admin(["root".to_string()]);
+        let caller = |key: &str| keys.check("/v1/completions", Some(key.as_bytes())).unwrap();
+        let user = caller("user");
+        assert_eq!(
+            user,
+            Caller::Key {
+                kind: KeyKind::Inference,
+                index: 0
+            }
+        );
+        assert!(user.check_priority(0).is_ok());
+        assert!(user.check_priority(5).is_ok());
+        let refused = user.check_priority(-1).unwrap_err();
+        assert_eq!(refused.kind, ApiErrorKind::Forbidden);
+        assert_eq!(refused.param, Some("priority"));
+        assert!(caller("vip").check_priority(-10).is_ok());
+        assert!(caller("root").check_priority(-10).is_ok());
+        // A priority key is an inference key too, and not an admin key.
+        let peers = keys.check("/v1/cluster/peers", Some(b"vip"));
+        assert_eq!(
+            peers,
+            Err(Refusal::Forbidden(
+                "this API key may not change the cluster: use an admin key"
+            ))
+        );
+        let open = ApiKeys::default().check("/v1/completions", None).unwrap();
+        assert_eq!(open, Caller::Anyone);
+        assert!(open.check_priority(-10).is_ok());
     }
 
     #[test]

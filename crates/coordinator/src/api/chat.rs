@@ -10,11 +10,13 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 use tessera_model::chat::{ChatMessage, ChatTemplateError};
 
+use super::auth::Caller;
 use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
 use super::params::{Endpoint, ParamsSpec, encode};
@@ -24,6 +26,7 @@ use super::{ApiJson, ApiState, ServedModel};
 
 pub(crate) async fn create_chat_completion(
     State(state): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body);
@@ -34,6 +37,7 @@ pub(crate) async fn create_chat_completion(
     reject_unsupported(&mut f)?;
     let model = state.model(&model_name)?;
     let params = spec.validate(model)?;
+    caller.check_priority(params.priority)?;
     state.engine.admission(&model.name)?;
     let text = render(model, &messages, add_generation_prompt)?;
     let prompt = encode(model, text, false, "messages").await?;

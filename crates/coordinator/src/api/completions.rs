@@ -7,10 +7,12 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 
+use super::auth::Caller;
 use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
 use super::params::{Endpoint, ParamsSpec, check_token_id, encode};
@@ -23,6 +25,7 @@ const DEFAULT_MAX_TOKENS: u32 = 16;
 
 pub(crate) async fn create_completion(
     State(state): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body);
@@ -32,6 +35,7 @@ pub(crate) async fn create_completion(
     reject_unsupported(&mut f)?;
     let model = state.model(&model_name)?;
     let params = spec.validate(model)?;
+    caller.check_priority(params.priority)?;
     state.engine.admission(&model.name)?;
     let prompt = prompt_ids(model, prompt).await?;
     respond(

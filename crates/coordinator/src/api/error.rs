@@ -10,8 +10,9 @@
 //! | `Forbidden`         | 403    | `permission_error`          | an inference key on an admin route  |
 //! | `NotFound`          | 404    | `invalid_request_error`     | unknown model (`code: model_not_found`) or route |
 //! | `MethodNotAllowed`  | 405    | `invalid_request_error`     | a known route with another method   |
+//! | `RequestTimeout`    | 408    | `invalid_request_error`     | the body did not arrive in time     |
 //! | `PayloadTooLarge`   | 413    | `invalid_request_error`     | body over [`super::MAX_BODY_BYTES`] |
-//! | `CapacityExhausted` | 429    | `overloaded_error`          | engine queues full; `Retry-After: 1` |
+//! | `CapacityExhausted` | 429    | `overloaded_error`          | engine queues full, a queue wait too long, the API's limits ([`super::limits`]); `Retry-After` |
 //! | `Cancelled`         | 499    | `cancelled_error`           | engine cancelled the sequence       |
 //! | `Internal`          | 500    | `server_error`              | bugs, tokenizer failures            |
 //! | `Unavailable`       | 503    | `service_unavailable_error` | no ready group, shard lost, no leader, journal full; `Retry-After: 1` |
@@ -38,6 +39,7 @@ pub enum ApiErrorKind {
     Forbidden,
     NotFound,
     MethodNotAllowed,
+    RequestTimeout,
     PayloadTooLarge,
     CapacityExhausted,
     Cancelled,
@@ -54,6 +56,7 @@ impl ApiErrorKind {
             ApiErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ApiErrorKind::NotFound => StatusCode::NOT_FOUND,
             ApiErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiErrorKind::CapacityExhausted => StatusCode::TOO_MANY_REQUESTS,
             ApiErrorKind::Cancelled => CLIENT_CLOSED_REQUEST,
@@ -70,6 +73,7 @@ impl ApiErrorKind {
             | ApiErrorKind::Unauthorized
             | ApiErrorKind::NotFound
             | ApiErrorKind::MethodNotAllowed
+            | ApiErrorKind::RequestTimeout
             | ApiErrorKind::PayloadTooLarge => "invalid_request_error",
             ApiErrorKind::Forbidden => "permission_error",
             ApiErrorKind::CapacityExhausted => "overloaded_error",
@@ -100,11 +104,12 @@ const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
     Err(_) => StatusCode::BAD_REQUEST,
 };
 
-/// Seconds a client should wait before retrying a 429 or a 503: the scheduler's queues
+/// Seconds a client should wait before retrying a 429 or a 503, unless the error says
+/// otherwise (a key's rate limit knows when its next request fits): the scheduler's queues
 /// drain in steps of tens of milliseconds and an election takes about a second, so one
 /// second is long enough to find room or a leader and short enough not to idle a freed
 /// slot.
-const RETRY_AFTER_SECONDS: &str = "1";
+const RETRY_AFTER_SECONDS: u64 = 1;
 
 /// A failed API request; its response is the OpenAI error envelope.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -117,6 +122,8 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     /// A stable machine-readable code (`model_not_found`, `context_length_exceeded`).
     pub code: Option<&'static str>,
+    /// `Retry-After` seconds of a 429 or 503, when not the default.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -126,6 +133,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after_s: None,
         }
     }
 
@@ -162,6 +170,12 @@ impl ApiError {
         self.code = Some(code);
         self
     }
+
+    /// A 429 or 503 whose client should wait `seconds` (at least 1) before retrying.
+    pub fn with_retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after_s = Some(seconds.max(1));
+        self
+    }
 }
 
 /// An engine failure keeps its message: it names the group and rank of a shard failure.
@@ -175,18 +189,23 @@ impl From<WireError> for ApiError {
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> ApiError {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::new(
-                ApiErrorKind::PayloadTooLarge,
-                format!(
-                    "the request body is larger than the limit of {} bytes",
-                    super::MAX_BODY_BYTES
-                ),
-            );
+            return body_too_large();
         }
         // Missing content type, bad syntax, not the expected JSON shape, unreadable body:
         // axum's text says which, and where.
         ApiError::new(ApiErrorKind::InvalidRequest, rejection.body_text())
     }
+}
+
+/// The 413 of a body over [`super::MAX_BODY_BYTES`].
+pub(crate) fn body_too_large() -> ApiError {
+    ApiError::new(
+        ApiErrorKind::PayloadTooLarge,
+        format!(
+            "the request body is larger than the limit of {} bytes",
+            super::MAX_BODY_BYTES
+        ),
+    )
 }
 
 #[derive(Serialize)]
@@ -242,10 +261,10 @@ impl IntoResponse for ApiError {
             self.kind,
             ApiErrorKind::CapacityExhausted | ApiErrorKind::Unavailable
         ) {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_static(RETRY_AFTER_SECONDS),
-            );
+            let seconds = self.retry_after_s.unwrap_or(RETRY_AFTER_SECONDS);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

@@ -21,7 +21,8 @@
 //!   ([`peers`]).
 //!
 //! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
-//! configured ([`auth`]). Every error, including malformed JSON, a body over
+//! configured ([`auth`]). Inference requests are shed past the limits of [`limits`] (429);
+//! [`listen`] serves the router under a connection limit and a header read timeout. Every error, including malformed JSON, a body over
 //! [`MAX_BODY_BYTES`], an unknown route or method, is answered in the OpenAI envelope by
 //! [`ApiError`]. Each request runs in a `tracing` span with its method, route, model and
 //! response id; request text is never logged. A client that disconnects drops its handler
@@ -34,6 +35,8 @@ mod completions;
 mod detok;
 mod error;
 mod ids;
+mod limits;
+pub mod listen;
 mod params;
 mod peers;
 mod respond;
@@ -65,6 +68,7 @@ use types::{ModelCard, ModelList};
 
 pub use auth::{ApiKeys, ExposureError, check_exposure};
 pub use error::{ApiError, ApiErrorKind};
+pub use limits::ApiLimits;
 pub use params::{MAX_CHOICES, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS};
 
 /// Largest request body accepted: a prompt of a full 128k-token context as text is about
@@ -98,6 +102,8 @@ pub struct ApiState {
     pub engine: Arc<dyn Engine>,
     /// Bearer keys; empty: no key needed.
     pub api_keys: ApiKeys,
+    /// What this peer takes on before it sheds load.
+    pub limits: ApiLimits,
 }
 
 impl fmt::Debug for ApiState {
@@ -105,6 +111,7 @@ impl fmt::Debug for ApiState {
         f.debug_struct("ApiState")
             .field("models", &self.models)
             .field("api_keys", &self.api_keys)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -122,6 +129,7 @@ impl ApiState {
 /// The API's routes over `state`.
 pub fn router(state: ApiState) -> Router {
     let keys = state.api_keys.clone();
+    let gate = limits::Gate::new(state.limits);
     Router::new()
         .route("/", get(status::page))
         .route("/health", get(health))
@@ -137,6 +145,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(gate, limits::admit))
         .layer(middleware::from_fn_with_state(keys, auth::require_key))
         .layer(middleware::from_fn(trace_request))
         .with_state(Arc::new(state))

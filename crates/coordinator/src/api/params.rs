@@ -99,7 +99,7 @@ pub(crate) struct Params {
     ignore_eos: bool,
     pub(crate) return_token_ids: bool,
     pub(crate) n: u32,
-    priority: i32,
+    pub(crate) priority: i32,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     names: FieldNames,

@@ -92,6 +92,9 @@ pub struct Limits {
     pub assign_deadline: Duration,
     /// A request waits at most this long for the group to be serving.
     pub queue_wait: Duration,
+    /// A request waits at most this long in a serving group's queue; then it gets 429, so
+    /// that under overload every request ends within a bound.
+    pub queue_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -106,6 +109,7 @@ impl Default for Limits {
             step_per_token: Duration::from_millis(20),
             assign_deadline: Duration::from_secs(300),
             queue_wait: Duration::from_secs(60),
+            queue_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -16,7 +16,7 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tessera_comm::proto::{Epoch, FinishReason, WireError};
-use tessera_coordinator::api::{self, ApiKeys, ApiState, ServedModel};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ShardStatus, TokenEvent,
     TokenLogprobs, TokenStream,
@@ -255,10 +255,15 @@ pub fn app(engine: Arc<MockEngine>) -> Router {
 }
 
 pub fn app_with_keys(engine: Arc<MockEngine>, api_keys: ApiKeys) -> Router {
+    app_with_limits(engine, api_keys, ApiLimits::default())
+}
+
+pub fn app_with_limits(engine: Arc<MockEngine>, api_keys: ApiKeys, limits: ApiLimits) -> Router {
     api::router(ApiState {
         models: models(),
         engine,
         api_keys,
+        limits,
     })
 }
 

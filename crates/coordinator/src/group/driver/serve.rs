@@ -189,18 +189,24 @@ impl Driver {
     /// Fails the requests that waited too long for the group to serve; while it serves,
     /// frees the carried sequences no resumed request claimed in time.
     pub(super) fn expire_waiting(&mut self, now: Instant) {
-        let queue_wait = self.config.limits.queue_wait;
-        let expired = match self.state {
-            State::Serving { .. } => {
-                self.sched.expire_carried(now, CARRIED_GRACE);
-                Vec::new()
+        let limits = self.config.limits;
+        let group = self.config.name.clone();
+        if let State::Serving { .. } = self.state {
+            self.sched.expire_carried(now, CARRIED_GRACE);
+            for seq in self.sched.expire_queued(now, limits.queue_timeout) {
+                let waited_s = limits.queue_timeout.as_secs();
+                let error = CoordinatorError::QueueTimeout {
+                    group: group.clone(),
+                    waited_s,
+                };
+                self.fail(seq, error);
             }
-            _ => self.sched.expire(now, queue_wait, self.down_since),
-        };
-        for seq in expired {
+            return;
+        }
+        for seq in self.sched.expire(now, limits.queue_wait, self.down_since) {
             let error = CoordinatorError::NotReady {
-                group: self.config.name.clone(),
-                waited_s: queue_wait.as_secs(),
+                group: group.clone(),
+                waited_s: limits.queue_wait.as_secs(),
                 missing: self.missing_ranks(),
             };
             self.fail(seq, error);

@@ -331,6 +331,22 @@ impl Scheduler {
         expired
     }
 
+    /// Removes and returns new requests (never started, not resumed) that have waited
+    /// `max_wait` in the queue of a serving group: past that, the client is better told to
+    /// come back than kept waiting.
+    pub fn expire_queued(&mut self, now: Instant, max_wait: Duration) -> Vec<SeqId> {
+        let mut expired = Vec::new();
+        self.waiting.retain(|_, w| {
+            let fresh = w.generated.is_empty() && !w.resumed;
+            let keep = !fresh || now.duration_since(w.arrived) < max_wait;
+            if !keep {
+                expired.push(w.seq);
+            }
+            keep
+        });
+        expired
+    }
+
     /// Removes a waiting or running sequence (the client went away); returns whether it
     /// was known. A running one is freed on the shards by the next plan.
     pub fn cancel(&mut self, seq: SeqId) -> bool {

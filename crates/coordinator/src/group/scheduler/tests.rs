@@ -223,6 +223,37 @@ fn deadline_and_expiry() {
     assert_eq!(s.expire(later(3), wait, now), [SeqId(2)]);
 }
 
+/// A busy group's queue holds a new request for `max_wait` at most; running, preempted
+/// and resumed ones stay.
+#[test]
+fn a_busy_queue_expires_only_new_requests_that_waited_too_long() {
+    let now = Instant::now();
+    let later = |ms| now + Duration::from_millis(ms);
+    let mut s = Scheduler::new(
+        Term(1),
+        SchedulerConfig {
+            max_running: 1,
+            ..config(256)
+        },
+    );
+    s.start_epoch(Epoch(1), 100, 16, Vec::new(), now);
+    s.submit(SeqId(1), "", request(4, 50), Vec::new(), now)
+        .unwrap();
+    s.plan_step(now).unwrap();
+    s.submit(SeqId(2), "", request(4, 5), Vec::new(), now)
+        .unwrap();
+    s.submit(SeqId(3), "", request(4, 5), Vec::new(), later(500))
+        .unwrap();
+    s.submit(SeqId(4), "r", request(4, 5), vec![9], now)
+        .unwrap();
+    let wait = Duration::from_secs(1);
+    assert!(s.expire_queued(later(999), wait).is_empty());
+    assert_eq!(s.expire_queued(later(1000), wait), [SeqId(2)]);
+    assert_eq!(s.expire_queued(later(1500), wait), [SeqId(3)]);
+    assert!(s.expire_queued(later(60_000), wait).is_empty());
+    assert_eq!((s.running(), s.waiting()), (1, 1));
+}
+
 /// Shards simulated exactly as the engine applies plans: each sequence's next token is a
 /// function of its position, so a recomputed sequence produces the same tokens.
 #[derive(Default)]
