@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every fuzz target of the wire format (crates/comm/fuzz) for SECONDS each
-# (default 30). Needs a nightly toolchain and cargo-fuzz; when either is missing, says
+# Runs every fuzz target of the wire format and of the collectives' decoders
+# (crates/comm/fuzz) for SECONDS each (default 30). Needs a nightly toolchain and cargo-fuzz; when either is missing, says
 # what to install and exits 2 (it installs nothing itself).
 #
 #   scripts/fuzz.sh [SECONDS]
@@ -34,7 +34,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 cd "$fuzz_dir"
-targets=(decode_shard_msg decode_coordinator_msg read_frame)
+targets=(decode_shard_msg decode_coordinator_msg read_frame tcp_hello tcp_frame_header shm_header)
 for target in "${targets[@]}"; do
     echo "fuzz.sh: $target for ${seconds}s"
     # -rss_limit_mb: a frame is at most 16 MiB, so a run that needs more than this is a

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -12,18 +11,7 @@ use tessera_comm::collective::{CollectiveConfig, Op};
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
-use common::{MARGIN, SHORT, bits, config};
-
-/// `world` loopback addresses with ports the OS just handed out.
-fn peers(world: usize) -> Vec<String> {
-    let listeners: Vec<_> = (0..world)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().to_string())
-        .collect()
-}
+use common::{MARGIN, SHORT, bits, config, loopback_peers as peers};
 
 fn spawn_rank(
     r: u32,
@@ -128,19 +116,27 @@ fn a_missing_rank_times_out_by_name() {
 }
 
 #[test]
-fn a_wrong_token_is_unauthenticated() {
+fn a_wrong_token_is_refused_by_both_sides_by_the_deadline() {
     let peers = peers(2);
+    let started = Instant::now();
     let good = spawn_rank(0, &peers, &GroupToken([1; 32]), config(SHORT));
     let bad = spawn_rank(1, &peers, &GroupToken([2; 32]), config(SHORT));
-    for result in [good.join().unwrap(), bad.join().unwrap()] {
+    for (result, other) in [(good.join().unwrap(), 1), (bad.join().unwrap(), 0)] {
+        // Each refuses the other's proof.
         assert!(
             matches!(
-                result,
-                Err(CollectiveError::Unauthenticated { op: Op::Connect })
+                &result,
+                Err(CollectiveError::Unauthenticated { op: Op::Connect, peer, reason })
+                    if *peer == Rank(other) && reason.contains("failed to prove the group token")
             ),
             "{result:?}"
         );
     }
+    assert!(
+        started.elapsed() < SHORT + MARGIN,
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! - [`shm::ShmCollective`]: ranks on one host exchange through a shared-memory segment and
 //!   wait on futexes (spin briefly, then sleep), so a waiting rank does not burn a core.
 //! - [`tcp::TcpRing`]: ranks on any hosts, a ring of TCP connections (reduce-scatter +
-//!   all-gather). Connections are authenticated with the group's per-epoch [`GroupToken`];
+//!   all-gather). Each connection is authenticated by a challenge–response over fresh
+//!   nonces keyed with the group's per-epoch [`GroupToken`], which never crosses the wire;
 //!   payloads are not encrypted (as with NCCL).
 //!
 //! Every call has a deadline ([`CollectiveConfig::deadline`]). A call that misses it aborts
@@ -28,7 +29,8 @@ pub mod shm;
 pub mod tcp;
 
 /// A group's shared secret for one epoch: handed to each rank over the mutual-TLS control
-/// channel, presented when a collective connection is made, never logged.
+/// channel, proven (never sent) when a TCP ring connection is made, written into the
+/// private shared-memory segment of a one-host group, never logged.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupToken(pub [u8; 32]);
 
@@ -140,8 +142,10 @@ pub enum CollectiveError {
         missing: Rank,
         reason: String,
     },
-    #[error("{op}: a peer presented a wrong group token or header")]
-    Unauthenticated { op: Op },
+    /// No connection (or segment) that claimed to be rank `peer` proved the group token by
+    /// the deadline; `reason` is why the last one was refused.
+    #[error("{op}: rank {peer} was not authenticated: {reason}")]
+    Unauthenticated { op: Op, peer: Rank, reason: String },
     #[error("{op}: buffer of {len} elements does not fit ({detail})")]
     BadLength { op: Op, len: usize, detail: String },
     #[error("{op}: {message}")]

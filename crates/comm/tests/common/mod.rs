@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+use std::net::TcpListener;
 use std::time::Duration;
 
 use tessera_comm::Collective;
@@ -22,6 +23,17 @@ pub fn config(deadline: Duration) -> CollectiveConfig {
         deadline,
         ..CollectiveConfig::default()
     }
+}
+
+/// `world` loopback addresses with ports the OS just handed out.
+pub fn loopback_peers(world: usize) -> Vec<String> {
+    let listeners: Vec<_> = (0..world)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect()
 }
 
 /// Integer-valued data: every summation order gives the exact sum.

@@ -6,6 +6,7 @@
 //! - `segment`: the segment's layout (header, per-rank words, data slots) and how rank 0
 //!   creates it and the other ranks open it.
 //! - `link`: the round protocol over the segment: numbered rounds, waiting, aborts.
+//! - [`fuzzing`]: the header check, exposed to the fuzz targets.
 //! - This module: the operations (all-reduce, all-gather, broadcast, barrier), each a
 //!   sequence of rounds.
 //!
@@ -25,6 +26,7 @@ use super::{Collective, CollectiveConfig, CollectiveError, CollectiveStats, Grou
 use link::{Link, Meta};
 use segment::{Header, MAX_WORLD, RANK_BASE, RANK_STRIDE, create, open};
 
+pub mod fuzzing;
 mod link;
 mod segment;
 

@@ -31,7 +31,7 @@ pub(super) const H_MAGIC: usize = 0;
 pub(super) const H_VERSION: usize = 1;
 pub(super) const H_WORLD: usize = 2;
 pub(super) const H_CAPACITY: usize = 3;
-pub(super) const H_TOKEN: usize = 4; // 8 words
+pub(super) const H_TOKEN: usize = 4; // 8 words, little-endian bytes of the token
 pub(super) const H_READY: usize = 12;
 pub(super) const H_ABORT: usize = 13;
 pub(super) const H_BELL: usize = 14;
@@ -58,12 +58,58 @@ pub(super) struct Header<'a> {
     pub(super) token: &'a GroupToken,
 }
 
-fn token_words(token: &GroupToken) -> [u32; 8] {
-    let mut words = [0u32; 8];
-    for (w, bytes) in words.iter_mut().zip(token.0.chunks_exact(4)) {
+/// Header words before [`H_READY`]: magic, version, world, capacity and the token.
+pub(super) const HEADER_WORDS: usize = H_READY;
+
+/// The header words of `header`, as rank 0 writes them.
+pub(super) fn encode_header(header: &Header<'_>) -> [u32; HEADER_WORDS] {
+    let mut words = [0u32; HEADER_WORDS];
+    words[H_MAGIC] = MAGIC;
+    words[H_VERSION] = VERSION;
+    words[H_WORLD] = header.world;
+    words[H_CAPACITY] = header.capacity;
+    for (w, bytes) in words[H_TOKEN..]
+        .iter_mut()
+        .zip(header.token.0.chunks_exact(4))
+    {
         *w = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     }
     words
+}
+
+/// Whether a segment's header words are those of `expected`; if not, why not. The token is
+/// compared in constant time, and always.
+pub(super) fn check_header(
+    words: &[u32; HEADER_WORDS],
+    expected: &Header<'_>,
+) -> Result<(), String> {
+    let mut token = [0u8; 32];
+    for (bytes, w) in token.chunks_exact_mut(4).zip(&words[H_TOKEN..]) {
+        bytes.copy_from_slice(&w.to_le_bytes());
+    }
+    let token_ok = expected.token.matches(&token);
+    let (magic, version) = (words[H_MAGIC], words[H_VERSION]);
+    let (world, capacity) = (words[H_WORLD], words[H_CAPACITY]);
+    if magic != MAGIC {
+        Err(format!(
+            "the segment is not a tessera group's (magic {magic:#010x})"
+        ))
+    } else if version != VERSION {
+        Err(format!(
+            "the segment speaks shared-memory protocol version {version}, this rank \
+             version {VERSION}: run one tessera version across the group"
+        ))
+    } else if (world, capacity) != (expected.world, expected.capacity) {
+        Err(format!(
+            "the segment is for {world} ranks of {capacity} elements, this rank expects \
+             {} of {}",
+            expected.world, expected.capacity
+        ))
+    } else if !token_ok {
+        Err("the segment holds another group token (another group or epoch)".into())
+    } else {
+        Ok(())
+    }
 }
 
 pub(super) fn io_error(e: std::io::Error) -> CollectiveError {
@@ -83,12 +129,8 @@ pub(super) fn create(
     ShmSegment::remove(&staging).map_err(io_error)?;
     let mut seg = ShmSegment::create(&staging, layout).map_err(io_error)?;
     let ctl = seg.control();
-    ctl[H_MAGIC].store(MAGIC, Ordering::Relaxed);
-    ctl[H_VERSION].store(VERSION, Ordering::Relaxed);
-    ctl[H_WORLD].store(header.world, Ordering::Relaxed);
-    ctl[H_CAPACITY].store(header.capacity, Ordering::Relaxed);
-    for (i, w) in token_words(header.token).into_iter().enumerate() {
-        ctl[H_TOKEN + i].store(w, Ordering::Relaxed);
+    for (word, value) in ctl.iter().zip(encode_header(header)) {
+        word.store(value, Ordering::Relaxed);
     }
     ctl[H_READY].store(MAGIC, Ordering::Release);
     seg.rename(name).map_err(io_error)?;
@@ -105,24 +147,20 @@ pub(super) fn open(
     deadline: Instant,
 ) -> Result<ShmSegment, CollectiveError> {
     let started = Instant::now();
-    let mut refused = false;
+    let mut refused = None;
     loop {
         match ShmSegment::open(name, layout) {
             Ok(seg) => {
                 let ctl = seg.control();
                 if ctl[H_READY].load(Ordering::Acquire) == MAGIC {
-                    let token = token_words(header.token);
-                    let token_ok = (0..8).fold(0u32, |acc, i| {
-                        acc | (ctl[H_TOKEN + i].load(Ordering::Relaxed) ^ token[i])
-                    }) == 0;
-                    let header_ok = ctl[H_MAGIC].load(Ordering::Relaxed) == MAGIC
-                        && ctl[H_VERSION].load(Ordering::Relaxed) == VERSION
-                        && ctl[H_WORLD].load(Ordering::Relaxed) == header.world
-                        && ctl[H_CAPACITY].load(Ordering::Relaxed) == header.capacity;
-                    if token_ok && header_ok {
-                        return Ok(seg);
+                    let mut words = [0u32; HEADER_WORDS];
+                    for (w, word) in words.iter_mut().zip(ctl) {
+                        *w = word.load(Ordering::Relaxed);
                     }
-                    refused = true;
+                    match check_header(&words, header) {
+                        Ok(()) => return Ok(seg),
+                        Err(reason) => refused = Some(reason),
+                    }
                 }
             }
             Err(e)
@@ -132,13 +170,19 @@ pub(super) fn open(
                 ) =>
             {
                 // Not created yet, or a stale segment of another size: rank 0 will replace it.
-                refused |= e.kind() == std::io::ErrorKind::InvalidData;
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    refused = Some(format!("the segment has another size: {e}"));
+                }
             }
             Err(e) => return Err(io_error(e)),
         }
         if Instant::now() >= deadline {
-            return Err(if refused {
-                CollectiveError::Unauthenticated { op: Op::Connect }
+            return Err(if let Some(reason) = refused {
+                CollectiveError::Unauthenticated {
+                    op: Op::Connect,
+                    peer: Rank(0),
+                    reason,
+                }
             } else {
                 CollectiveError::Timeout {
                     op: Op::Connect,

@@ -1,10 +1,13 @@
 //! [`TcpRing`]: ranks on any hosts joined in a ring of TCP connections; rank `r` sends to
 //! `r + 1` and receives from `r - 1` (mod world size).
 //!
-//! This module holds the ring and its collective operations. Connecting the ring and the
-//! hello handshake that authenticates each connection are in `handshake`; the frames
-//! each step sends, the abort frame, and the interleaved blocking I/O of one step are in
-//! `frame`. Payloads are not encrypted (as with NCCL): the ring belongs on the cluster's
+//! This module holds the ring and its collective operations. Joining the ring (dialing the
+//! next rank, accepting the previous one among any other connections) is in `join`; the
+//! handshake of one connection in `handshake`; its hello and the proofs of the group token,
+//! without I/O, in `hello`; the frames each step sends, the abort frame, and the
+//! interleaved blocking I/O of one step in `frame`. [`fuzzing`] exposes the decoders to the
+//! fuzz targets. The token never crosses the wire, but payloads are neither encrypted nor
+//! authenticated once the ring is joined (as with NCCL): the ring belongs on the cluster's
 //! private network.
 //!
 //! **All-reduce** is a ring reduce-scatter then a ring all-gather: the payload is cut into
@@ -28,12 +31,15 @@ use tessera_topology::Rank;
 use super::{Collective, CollectiveConfig, CollectiveError, CollectiveStats, GroupToken, Op};
 
 mod frame;
+pub mod fuzzing;
 mod handshake;
+mod hello;
+mod join;
 #[cfg(test)]
 mod tests;
 
 use frame::{abort_frame, transfer};
-use handshake::connect_links;
+use join::connect_links;
 
 /// Broadcast payloads travel in pieces of this size, so that a piece is forwarded while the
 /// next one arrives.

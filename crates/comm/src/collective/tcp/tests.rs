@@ -1,7 +1,6 @@
-//! Unit tests of the ring's helpers, the hello and the frame headers.
+//! Unit tests of the ring's helpers and the frame headers.
 
 use super::frame::{ABORT_FLAG, StepFailure, check_header, frame_header};
-use super::handshake::{hello, hello_ok};
 use super::*;
 
 #[test]
@@ -18,16 +17,6 @@ fn split_pair_borrows_both_ranges() {
     assert_eq!((a.len(), b.len()), (0, 1));
     let (a, b) = split_pair(&mut buf, 1..2, 1..1);
     assert_eq!((a, b.len()), (&[9][..], 0));
-}
-
-#[test]
-fn hellos_check_rank_world_and_token() {
-    let token = GroupToken([7; 32]);
-    let h = hello(2, 4, &token);
-    assert!(hello_ok(&h, 2, 4, &token));
-    assert!(!hello_ok(&h, 1, 4, &token));
-    assert!(!hello_ok(&h, 2, 3, &token));
-    assert!(!hello_ok(&h, 2, 4, &GroupToken([8; 32])));
 }
 
 #[test]
