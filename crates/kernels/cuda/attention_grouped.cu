@@ -24,6 +24,11 @@
 // are base-2 logits too. `out16`, when not null, receives the output rounded to bf16 as
 // well (the o projection's GEMM input, so no round_bf16 launch follows). Twin:
 // `attention::paged_attention` over the CPU cache.
+//
+// Append mode (`qkv` not null; a decode step of the fused path): `q` is not read; each
+// block takes its queries from the stacked q|k|v projection and does `rope_kv_write`'s
+// work for its KV head first (`append_fresh`), so that no separate launch writes the
+// step's K and V. Twin: `fused::rope_kv_write`, then `attention::paged_attention`.
 
 #define GROUPED_WARPS 4
 #define GROUPED_UNROLL 2
@@ -174,7 +179,7 @@ __device__ __forceinline__ void grouped_attention(
     __shared__ float s_max[GROUPED_WARPS][G];
     __shared__ float s_sum[GROUPED_WARPS][G];
     // Append mode: the group's rotated q, and the fresh position's K and V as written.
-    __shared__ float s_q[G][D];
+    __shared__ __align__(16) float s_q[G][D];
     __shared__ __align__(16) bf16_t s_k[D];
     __shared__ __align__(16) bf16_t s_v[D];
 

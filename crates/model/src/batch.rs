@@ -79,6 +79,7 @@ impl BatchIndex {
     /// step), so each sees its own K and V as the last position of its context: what the
     /// fused attention's KV append needs. Queries are pushed in row order, so distinct
     /// sequences are strictly increasing ones.
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn one_token_per_sequence(&self) -> bool {
         self.query_seq.windows(2).all(|w| w[0] < w[1])
     }

@@ -62,8 +62,14 @@ impl DeviceLayer {
 impl CudaLlama {
     /// The shape that decides a layer's launches for a pass over `index`.
     pub(super) fn layer_shape(&self, index: &AttentionIndex, decode: bool, tp: bool) -> LayerShape {
-        let first = &self.layers[0];
-        let has_bias = |p: Proj| first.proj(p).is_ok_and(|l| l.bias().is_some());
+        // Every layer has the same projections; a model without layers launches none.
+        let first = self.layers.first();
+        let has_bias = |p: Proj| {
+            first
+                .and_then(|f| f.proj(p).ok())
+                .is_some_and(|l| l.bias().is_some())
+        };
+        let quantized = |l: &DeviceLinear| l.is_quantized();
         // The stacked projection has one bias for q|k|v (zeros where a part has none).
         let stacked = has_bias(Proj::Qkv);
         let grouped = index.kernel() == AttentionKernel::Grouped;
@@ -77,8 +83,8 @@ impl CudaLlama {
                 gate_up: has_bias(Proj::GateUp),
                 down: has_bias(Proj::Down),
             },
-            f32_hidden: first.reads_hidden().iter().any(|l| l.is_quantized()),
-            f32_activation: first.down.is_quantized(),
+            f32_hidden: first.is_some_and(|f| f.reads_hidden().into_iter().any(quantized)),
+            f32_activation: first.is_some_and(|f| quantized(&f.down)),
             grouped_attention: grouped,
             attention_split: !grouped || index.partitions() > 1,
             tensor_parallel: tp,
