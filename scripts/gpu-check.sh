@@ -19,6 +19,14 @@
 #   | legacy            | attention.cu: a block per (query head, query, 256)  | yes     |
 #   | grouped           | attention_grouped.cu: a block per (KV head, query)  | no      |
 # (legacy stays the default until grouped has passed here; docs/cuda.md).
+# Each of those runs once per launch sequence of TESSERA_FUSED (crates/model/src/launch_plan.rs):
+#   | TESSERA_FUSED | a decode layer's launches                                    | default |
+#   | 0             | legacy: separate q/k/v GEMMs, RoPE, KV write, round_bf16s    | yes     |
+#   | 1             | fused: q|k|v GEMM, norms and SiLU·mul writing bf16, RoPE +   | no      |
+#   |               | bias + KV write in one kernel (inside the grouped attention  |         |
+#   |               | at decode): 8 a layer unsplit                                |         |
+# (0 stays the default until 1 has passed here; the model test also compares the two
+# paths directly, crates/model/tests/cuda_model/fused.rs).
 # Usage: scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -65,15 +73,20 @@ if [[ -d .gpu/bin ]]; then
 else
     cargo build --release --offline -p tessera-coordinator -p tessera-shard
 fi
-for attention in legacy grouped; do
-    export TESSERA_ATTENTION="$attention"
-    echo "== TESSERA_ATTENTION=$attention: the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
-    run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
-    echo "== TESSERA_ATTENTION=$attention: a cluster with a shard on cuda:0, sampling on the host (TESSERA_DEVICE_SAMPLING=0, the default)"
-    TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
-    echo "== TESSERA_ATTENTION=$attention: the same, sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
-    TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
-    echo "== TESSERA_ATTENTION=$attention: decode throughput, sampling on the host and on the device"
-    run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
+for fused in 0 1; do
+    export TESSERA_FUSED="$fused"
+    if [[ "$fused" == 0 ]]; then paths="TESSERA_FUSED=0 (legacy launches, the default)"; else paths="TESSERA_FUSED=1 (fused launches, not the default)"; fi
+    for attention in legacy grouped; do
+        export TESSERA_ATTENTION="$attention"
+        if [[ "$attention" == legacy ]]; then kernel="TESSERA_ATTENTION=legacy (the default)"; else kernel="TESSERA_ATTENTION=grouped (not the default)"; fi
+        echo "== $paths, $kernel: the model on cuda:0 against the CPU (fixtures, SmolLM2 if present, tp = 2 on one GPU)"
+        run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
+        echo "== $paths, $kernel: a cluster with a shard on cuda:0, sampling on the host (TESSERA_DEVICE_SAMPLING=0, the default)"
+        TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+        echo "== $paths, $kernel: the same, sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
+        TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
+        echo "== $paths, $kernel: decode throughput, sampling on the host and on the device"
+        run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
+    done
 done
-unset TESSERA_ATTENTION
+unset TESSERA_ATTENTION TESSERA_FUSED

@@ -21,7 +21,14 @@
 // both kernels, so a graph captured with the longest context serves shorter ones). A
 // query that uses one partition is written, normalised, by this kernel; the reduce skips
 // it. Softmax runs in base 2: q is scaled by scale · log2(e), so the partitions' maxima
-// are base-2 logits too. Twin: `attention::paged_attention` over the CPU cache.
+// are base-2 logits too. `out16`, when not null, receives the output rounded to bf16 as
+// well (the o projection's GEMM input, so no round_bf16 launch follows). Twin:
+// `attention::paged_attention` over the CPU cache.
+//
+// Append mode (`qkv` not null; a decode step of the fused path): `q` is not read; each
+// block takes its queries from the stacked q|k|v projection and does `rope_kv_write`'s
+// work for its KV head first (`append_fresh`), so that no separate launch writes the
+// step's K and V. Twin: `fused::rope_kv_write`, then `attention::paged_attention`.
 
 #define GROUPED_WARPS 4
 #define GROUPED_UNROLL 2
@@ -52,11 +59,96 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
     f[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
+// Append mode (a decode step, each query the one new token of its sequence, at position
+// context − 1): the work of `rope_kv_write` for this block's KV head, fused into the
+// attention launch. Every partition rotates its group's q heads (q|k|v row + bias) into
+// `s_q`; the partition holding position `fresh` also rotates the KV head's k, rounds k
+// and v to bf16 into `s_k` / `s_v` and writes them to the token's cache slot (none for a
+// negative slot: padding). Returns the position the attention loop reads from `s_k` /
+// `s_v`, or none when this partition does not hold it. Twin: `fused::rope_kv_write`, then
+// `attention::paged_attention`.
+template <int D, int G>
+__device__ __forceinline__ unsigned int append_fresh(
+    float (*s_q)[D],
+    bf16_t* s_k,
+    bf16_t* s_v,
+    const float* __restrict__ qkv,
+    const float* __restrict__ bias,
+    const unsigned int* __restrict__ positions,
+    const float* __restrict__ inv_freq,
+    const long long* __restrict__ slots,
+    unsigned int pairing,
+    bf16_t* k_fresh,
+    bf16_t* v_fresh,
+    unsigned int query,
+    unsigned int kv_head,
+    unsigned int first_head,
+    unsigned int group,
+    unsigned int q_heads,
+    unsigned int kv_heads,
+    unsigned int fresh,
+    unsigned int start,
+    unsigned int end) {
+    constexpr unsigned int HALF = D / 2;
+    const float* row = qkv + (size_t)query * (q_heads + 2u * kv_heads) * D;
+    const float pos = (float)positions[query];
+    const long long slot = slots[query];
+    const bool holds = fresh >= start && fresh < end;
+    const size_t dst = (size_t)slot * kv_heads * D + (size_t)kv_head * D;
+    // The group's q heads' pairs, then (where this partition holds the fresh position)
+    // the k head's.
+    const unsigned int pairs = (group + (holds ? 1u : 0u)) * HALF;
+    for (unsigned int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const unsigned int h = p / HALF;
+        const unsigned int i = p % HALF;
+        const unsigned int a = pairing == 0 ? i : 2 * i;
+        const unsigned int b = pairing == 0 ? i + HALF : 2 * i + 1;
+        const unsigned int col = h < group ? (first_head + h) * D : (q_heads + kv_head) * D;
+        float x = row[col + a];
+        float y = row[col + b];
+        if (bias != 0) {
+            x += bias[col + a];
+            y += bias[col + b];
+        }
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        const float xr = x * c - y * s;
+        const float yr = y * c + x * s;
+        if (h < group) {
+            s_q[h][a] = xr;
+            s_q[h][b] = yr;
+        } else {
+            s_k[a] = f32_to_bf16(xr);
+            s_k[b] = f32_to_bf16(yr);
+            if (slot >= 0) {
+                k_fresh[dst + a] = s_k[a];
+                k_fresh[dst + b] = s_k[b];
+            }
+        }
+    }
+    if (holds) {
+        const unsigned int col = (q_heads + kv_heads + kv_head) * D;
+        for (unsigned int i = threadIdx.x; i < D; i += blockDim.x) {
+            float value = row[col + i];
+            if (bias != 0) {
+                value += bias[col + i];
+            }
+            s_v[i] = f32_to_bf16(value);
+            if (slot >= 0) {
+                v_fresh[dst + i] = s_v[i];
+            }
+        }
+    }
+    __syncthreads();
+    return holds ? fresh : 0xffffffffu;
+}
+
 // D: head_dim (16, 32, 64 or 128: LANES = D / 8 divides a warp). G: the group's query heads, rounded up to 1, 2, 4 or 8; heads
 // past the real group (q_heads / kv_heads) get q = 0 and are not written.
 template <int D, int G>
 __device__ __forceinline__ void grouped_attention(
     float* __restrict__ out,
+    bf16_t* __restrict__ out16,
     float* __restrict__ part_out,
     float* __restrict__ part_max,
     float* __restrict__ part_sum,
@@ -71,13 +163,25 @@ __device__ __forceinline__ void grouped_attention(
     unsigned int q_heads,
     unsigned int kv_heads,
     unsigned int partitions,
-    float scale_log2) {
+    float scale_log2,
+    const float* __restrict__ qkv,
+    const float* __restrict__ bias,
+    const unsigned int* __restrict__ positions,
+    const float* __restrict__ inv_freq,
+    const long long* __restrict__ slots,
+    unsigned int pairing,
+    bf16_t* k_fresh,
+    bf16_t* v_fresh) {
     constexpr unsigned int LANES = D / 8;
     constexpr unsigned int SLOTS = 32 / LANES;
     constexpr unsigned int STEP = GROUPED_UNROLL * GROUPED_WARPS * SLOTS;
     __shared__ float s_acc[GROUPED_WARPS][G][D];
     __shared__ float s_max[GROUPED_WARPS][G];
     __shared__ float s_sum[GROUPED_WARPS][G];
+    // Append mode: the group's rotated q, and the fresh position's K and V as written.
+    __shared__ __align__(16) float s_q[G][D];
+    __shared__ __align__(16) bf16_t s_k[D];
+    __shared__ __align__(16) bf16_t s_v[D];
 
     const unsigned int kv_head = blockIdx.x;
     const unsigned int query = blockIdx.y;
@@ -98,6 +202,13 @@ __device__ __forceinline__ void grouped_attention(
     const unsigned int slot = lane / LANES;
     const unsigned int sub = lane % LANES;
 
+    // Append mode: the position this query's K and V are written at; none otherwise.
+    const unsigned int fresh = qkv != 0
+        ? append_fresh<D, G>(s_q, s_k, s_v, qkv, bias, positions, inv_freq, slots, pairing,
+                             k_fresh, v_fresh, query, kv_head, first_head, group, q_heads,
+                             kv_heads, context - 1u, start, end)
+        : 0xffffffffu;
+
     // This lane's 8 dimensions of each head's q, in base-2 logit units.
     float qv[G][8];
 #pragma unroll
@@ -105,8 +216,10 @@ __device__ __forceinline__ void grouped_attention(
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float4 b = a;
         if ((unsigned int)g < group) {
-            const float4* src = reinterpret_cast<const float4*>(
-                q + ((size_t)query * q_heads + first_head + g) * D + sub * 8);
+            const float4* src = qkv != 0
+                ? reinterpret_cast<const float4*>(&s_q[g][sub * 8])
+                : reinterpret_cast<const float4*>(
+                      q + ((size_t)query * q_heads + first_head + g) * D + sub * 8);
             a = src[0];
             b = src[1];
         }
@@ -144,7 +257,12 @@ __device__ __forceinline__ void grouped_attention(
             valid[u] = pos < end;
             kr[u] = make_uint4(0u, 0u, 0u, 0u);
             vr[u] = kr[u];
-            if (valid[u]) {
+            if (valid[u] && pos == fresh) {
+                // Written by this block: read back from shared memory, not through the
+                // read-only cache path of k_cache / v_cache.
+                kr[u] = reinterpret_cast<const uint4*>(s_k)[sub];
+                vr[u] = reinterpret_cast<const uint4*>(s_v)[sub];
+            } else if (valid[u]) {
                 const size_t row =
                     (size_t)table[pos / block_size] * block_size + pos % block_size;
                 const size_t at = (row * kv_heads + kv_head) * D + sub * 8;
@@ -271,7 +389,11 @@ __device__ __forceinline__ void grouped_attention(
         }
         const size_t row = (size_t)query * q_heads + first_head + g;
         if (!split) {
-            out[row * D + d] = o / sum;
+            const float value = o / sum;
+            out[row * D + d] = value;
+            if (out16 != 0) {
+                out16[row * D + d] = f32_to_bf16(value);
+            }
         } else {
             const size_t slot_at = row * partitions + part;
             part_out[slot_at * D + d] = o;
@@ -284,14 +406,18 @@ __device__ __forceinline__ void grouped_attention(
 }
 
 #define GROUPED_PARAMS                                                                      \
-    float *out, float *part_out, float *part_max, float *part_sum, const float *q,          \
+    float *out, bf16_t *out16, float *part_out, float *part_max, float *part_sum,            \
+        const float *q,                                                                     \
         const bf16_t *k_cache, const bf16_t *v_cache, const unsigned int *block_tables,     \
         const unsigned int *query_seq, const unsigned int *context_lens,                    \
         unsigned int max_blocks, unsigned int block_size, unsigned int q_heads,             \
-        unsigned int kv_heads, unsigned int partitions, float scale_log2
+        unsigned int kv_heads, unsigned int partitions, float scale_log2, const float *qkv,  \
+        const float *bias, const unsigned int *positions, const float *inv_freq,            \
+        const long long *slots, unsigned int pairing, bf16_t *k_fresh, bf16_t *v_fresh
 #define GROUPED_ARGS                                                                        \
-    out, part_out, part_max, part_sum, q, k_cache, v_cache, block_tables, query_seq,        \
-        context_lens, max_blocks, block_size, q_heads, kv_heads, partitions, scale_log2
+    out, out16, part_out, part_max, part_sum, q, k_cache, v_cache, block_tables,            \
+        query_seq, context_lens, max_blocks, block_size, q_heads, kv_heads, partitions,     \
+        scale_log2, qkv, bias, positions, inv_freq, slots, pairing, k_fresh, v_fresh
 
 // One entry per (head_dim, group rounded up to a power of two); the host picks it.
 extern "C" __global__ __launch_bounds__(128) void attention_grouped_d16_g1(GROUPED_PARAMS) {
@@ -348,6 +474,7 @@ extern "C" __global__ __launch_bounds__(128) void attention_grouped_d128_g8(GROU
 // relative to its base-2 maximum; the merge weights each by 2^(max_p − max).
 extern "C" __global__ __launch_bounds__(128) void attention_grouped_reduce(
     float* __restrict__ out,
+    bf16_t* __restrict__ out16,
     const float* __restrict__ part_out,
     const float* __restrict__ part_max,
     const float* __restrict__ part_sum,
@@ -393,5 +520,8 @@ extern "C" __global__ __launch_bounds__(128) void attention_grouped_reduce(
             acc = fmaf(part_out[(first + p) * head_dim + d], weight[p], acc);
         }
         o[d] = acc * inv;
+        if (out16 != 0) {
+            out16[((size_t)query * q_heads + head) * head_dim + d] = f32_to_bf16(acc * inv);
+        }
     }
 }

@@ -15,6 +15,8 @@
 //!   are absent, so a process that runs nothing on a GPU links no GPU crate.
 //! - [`norm`], [`rope`], [`activation`], [`attention`], [`sampling`]: the rest of a
 //!   Llama-family decoder step.
+//! - [`fused`]: the CPU twins of the CUDA kernels that fuse several of those steps (and
+//!   round their output to bf16), built from the steps above.
 
 pub mod activation;
 pub mod attention;
@@ -23,6 +25,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+pub mod fused;
 pub mod matmul;
 pub mod mmap;
 pub mod norm;

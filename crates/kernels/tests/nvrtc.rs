@@ -108,6 +108,15 @@ fn ptxas() -> Option<std::path::PathBuf> {
     None
 }
 
+/// The kernels (by prefix) whose registers must hold without spilling: those of the fused
+/// decode layer (issue 16), where a spill to local memory costs bandwidth on every step.
+const MUST_NOT_SPILL: &[&str] = &[
+    "rmsnorm_residual_bf16",
+    "rope_kv_write",
+    "silu_mul_bf16",
+    "attention_grouped_",
+];
+
 /// What ptxas reports for one kernel.
 #[derive(Debug, Default)]
 struct Usage {
@@ -193,6 +202,11 @@ fn every_kernel_fits_its_launch_on_sm80_and_sm90() {
                     u.registers
                 );
                 assert!(u.shared_bytes <= 48 * 1024, "{entry} {sm}: {u:?}");
+                assert!(
+                    u.spill_bytes == 0 || !MUST_NOT_SPILL.iter().any(|k| entry.starts_with(k)),
+                    "{entry} {sm}: {} B spilled (a kernel of a decode layer must not spill)",
+                    u.spill_bytes
+                );
                 eprintln!(
                     "{entry} {sm}: {} registers ({threads} threads: {block} of 65536), \
                      {} B shared, {} B spilled",

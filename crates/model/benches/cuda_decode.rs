@@ -14,7 +14,8 @@
 //! `cargo bench -p tessera-model --bench cuda_decode` (`TESSERA_BENCH_STEPS`, default 64;
 //! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak; `TESSERA_BENCH_TEMPERATURE`,
 //! default 0 (greedy), samples at that temperature with top-p 0.95, seeded;
-//! `TESSERA_ATTENTION` picks the attention kernel, named in the report).
+//! `TESSERA_ATTENTION` picks the attention kernel and `TESSERA_FUSED` the layers' launch
+//! sequence, both named in the report).
 
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
@@ -31,6 +32,7 @@ use tessera_model::ModelConfig;
 use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
 use tessera_model::error::ModelError;
 use tessera_model::kv_cache::SeqChunk;
+use tessera_model::launch_plan::KernelPath;
 use tessera_model::llama::Llama;
 use tessera_model::loader;
 use tessera_model::rows::{RowOutput, RowRequest};
@@ -279,6 +281,16 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
     println!(
         "  attention kernel: {attention}{} (TESSERA_ATTENTION: legacy or grouped)",
         if attention == AttentionKernel::default() {
+            ", the default"
+        } else {
+            ", not the default"
+        }
+    );
+    let path = model.path();
+    println!(
+        "  layer launches: {path} (TESSERA_FUSED={}{})",
+        path.env_value(),
+        if path == KernelPath::default() {
             ", the default"
         } else {
             ", not the default"

@@ -74,6 +74,15 @@ impl BatchIndex {
         }
         ix
     }
+
+    /// Whether every query is the only token of its sequence in this batch (a decode
+    /// step), so each sees its own K and V as the last position of its context: what the
+    /// fused attention's KV append needs. Queries are pushed in row order, so distinct
+    /// sequences are strictly increasing ones.
+    #[cfg(any(feature = "cuda", test))]
+    pub(crate) fn one_token_per_sequence(&self) -> bool {
+        self.query_seq.windows(2).all(|w| w[0] < w[1])
+    }
 }
 
 /// Whether `chunk` gives a row of logits (its last token's): it asks, and has tokens.
@@ -137,6 +146,14 @@ mod tests {
         // offset 1 of block 8.
         assert_eq!(ix.slots, [31, 8, 9, 33]);
         assert_eq!(ix.max_blocks, 3);
+        // A prefill chunk is not a decode step; B alone is, and so is a chunk of one.
+        assert!(!ix.one_token_per_sequence());
+        assert!(BatchIndex::new(&batch[1..], 4).one_token_per_sequence());
+        let one = [SeqChunk {
+            tokens: &a[..1],
+            ..batch[0]
+        }];
+        assert!(BatchIndex::new(&[one[0], batch[1]], 4).one_token_per_sequence());
         // A's table stops at the blocks its positions use (the third entry is unused).
         assert_eq!(ix.tables, [7, 2, 0, 5, 0, 8]);
         assert_eq!(ix.query_seq, [0, 0, 0, 1]);

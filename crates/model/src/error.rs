@@ -67,6 +67,20 @@ pub enum ModelError {
     InvalidRequest { message: String },
     #[error("tensor-parallel plan: {message}")]
     Plan { message: String },
+    #[error(
+        "kernel path `{name}` is unknown: TESSERA_FUSED takes 0 (the legacy launches, the \
+         default) or 1 (the fused kernels)"
+    )]
+    UnknownKernelPath { name: String },
+    #[error(
+        "layer launch {launch} made {actual} kernel launches where the launch plan says \
+         {expected}"
+    )]
+    LaunchCount {
+        launch: &'static str,
+        expected: u64,
+        actual: u64,
+    },
     #[error("collective failed: {source}")]
     Collective {
         #[from]

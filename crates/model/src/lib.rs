@@ -10,6 +10,8 @@
 //! - `cuda` (feature `cuda`): the same forward pass on a CUDA device; [`slice`]: either,
 //!   as a shard runs it; [`rows`]: what a pass gives back for the rows that want logits
 //!   (logits, or a token sampled on the device).
+//! - [`launch_plan`]: the kernel launches of one decoder layer on a device, as data the
+//!   CUDA pass runs and tests count without a GPU.
 //! - [`loader`]: a model path → weights + tokenizer + chat template.
 
 #![forbid(unsafe_code)]
@@ -24,6 +26,7 @@ pub mod generate;
 pub mod gguf;
 pub mod gguf_source;
 pub mod kv_cache;
+pub mod launch_plan;
 pub mod llama;
 pub mod loader;
 pub mod rows;

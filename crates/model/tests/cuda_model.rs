@@ -553,3 +553,6 @@ fn device_sampling_picks_the_host_samplers_tokens() {
 // The grouped attention kernel against the legacy one.
 #[path = "cuda_model/attention.rs"]
 mod attention;
+// The fused launch sequence against the legacy one.
+#[path = "cuda_model/fused.rs"]
+mod fused;

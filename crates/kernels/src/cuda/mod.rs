@@ -31,7 +31,9 @@ pub use cudarc::driver::{
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
-pub use ops::{AttentionIndex, AttentionKernel, AttentionTarget, Ops, SampleBuffers, Slots};
+pub use ops::{
+    Append, AttentionIndex, AttentionKernel, AttentionTarget, Ops, RopeKv, SampleBuffers, Slots,
+};
 pub use source::{FAMILIES, KernelFamily};
 
 /// Why the CUDA backend cannot run.

@@ -32,9 +32,13 @@ macro_rules! family {
 /// Every kernel family of a decoder step.
 pub const FAMILIES: &[KernelFamily] = &[
     family!("embedding.cu", ["embedding_gather_bf16"]),
-    family!("rmsnorm.cu", ["rmsnorm_residual_f32"]),
+    family!(
+        "rmsnorm.cu",
+        ["rmsnorm_residual_f32", "rmsnorm_residual_bf16"]
+    ),
     family!("rope.cu", ["rope_f32"]),
-    family!("activation.cu", ["silu_mul_f32"]),
+    family!("rope_kv.cu", ["rope_kv_write"]),
+    family!("activation.cu", ["silu_mul_f32", "silu_mul_bf16"]),
     family!("linear.cu", ["round_bf16", "add_bias_f32"]),
     family!("kv_write.cu", ["kv_write_bf16"]),
     family!(

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use super::CudaLlama;
 use super::kv::{DeviceKv, Scratch};
+use super::layer::PassBatch;
 use super::weights::Input;
 use crate::batch::BatchIndex;
 use crate::error::ModelError;
@@ -264,11 +265,16 @@ impl CudaLlama {
         kv: &mut DeviceKv,
         logits: &mut CudaSlice<f32>,
     ) -> Result<(), ModelError> {
+        // Every row of a decode graph is one sequence's one new token.
+        let mut batch = PassBatch {
+            slots,
+            index,
+            decode: true,
+        };
         self.pass(
             ops,
             s,
-            slots,
-            index,
+            &mut batch,
             kv,
             &mut SliceComm::Host(&mut Solo::default()),
         )?;

@@ -125,6 +125,8 @@ pub(crate) struct Widths {
     pub(crate) kv: usize,
     /// This rank's MLP rows.
     pub(crate) inter: usize,
+    /// q, k and v come out of one stacked projection (the fused path).
+    pub(crate) stacked_qkv: bool,
 }
 
 /// The activations of a pass over `tokens` tokens.
@@ -137,9 +139,12 @@ pub(crate) struct Scratch {
     /// Normalized x, and its bf16 rounding.
     pub(crate) h: CudaSlice<f32>,
     pub(crate) h16: CudaSlice<u16>,
+    /// The rotated queries (the legacy path's q projection, or `rope_kv_write`'s output).
     pub(crate) q: CudaSlice<f32>,
     pub(crate) k: CudaSlice<f32>,
     pub(crate) v: CudaSlice<f32>,
+    /// The stacked q|k|v projection's output (the fused path only).
+    pub(crate) qkv: Option<CudaSlice<f32>>,
     pub(crate) attn: CudaSlice<f32>,
     pub(crate) attn16: CudaSlice<u16>,
     /// The row-parallel outputs (o_proj, then down_proj), summed over the group.
@@ -162,6 +167,11 @@ impl Scratch {
             q: ops.alloc(tokens * w.q)?,
             k: ops.alloc(tokens * w.kv)?,
             v: ops.alloc(tokens * w.kv)?,
+            qkv: if w.stacked_qkv {
+                Some(ops.alloc(tokens * (w.q + 2 * w.kv))?)
+            } else {
+                None
+            },
             attn: ops.alloc(tokens * w.q)?,
             attn16: ops.alloc(tokens * w.q)?,
             o: ops.alloc(tokens * w.hidden)?,

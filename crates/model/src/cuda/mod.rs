@@ -2,9 +2,12 @@
 //! of the weights in device memory (uploaded from a loaded [`Llama`]) and runs a batch
 //! through every layer on one stream, with the KV cache in device memory ([`DeviceKv`]).
 //!
-//! The graph is [`Llama::forward_batch`]'s, kernel for kernel: embedding gather, fused
-//! residual + RMSNorm, q/k/v projections, RoPE, KV write, paged attention, o_proj, the
-//! fused gate|up projection, SiLU·mul, down_proj. Projections run as bf16 GEMMs on cuBLAS
+//! The graph is [`Llama::forward_batch`]'s: embedding gather, fused residual + RMSNorm,
+//! q/k/v projections, RoPE, KV write, paged attention, o_proj, the fused gate|up
+//! projection, SiLU·mul, down_proj. Each layer runs the launches of its launch plan
+//! ([`crate::launch_plan`], the executor in `layer`): the legacy sequence, or with
+//! `TESSERA_FUSED=1` the fused one (q|k|v stacked, norms and SiLU·mul writing bf16, RoPE,
+//! bias and KV write in one kernel or inside the decode attention). Projections run as bf16 GEMMs on cuBLAS
 //! (f32 sums), or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
 //! residual stream are f32; the KV cache is bf16.
 //!
@@ -20,6 +23,7 @@
 
 mod graph;
 mod kv;
+mod layer;
 mod step;
 mod weights;
 
@@ -28,8 +32,7 @@ use std::time::Instant;
 
 use tessera_kernels::attention::KvLayout;
 use tessera_kernels::cuda::{
-    AttentionIndex, AttentionKernel, AttentionTarget, Blas, CudaDevice, CudaError, CudaSlice,
-    CudaStream, Ops, Slots,
+    AttentionKernel, AttentionTarget, Blas, CudaDevice, CudaError, CudaSlice, CudaStream, Ops,
 };
 use tessera_kernels::rope::RopePairing;
 use tracing::info;
@@ -38,22 +41,42 @@ use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
+use crate::launch_plan::KernelPath;
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
 use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 use crate::slice::SliceComm;
 pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
 use kv::{Scratch, Widths};
+use layer::PassBatch;
 use step::StepBuffers;
 pub use step::{DEFAULT_STEP_ROWS, PassTiming};
 use weights::{DeviceLinear, Input};
+
+/// The projections attention reads: q, k and v separately (the legacy path), or stacked
+/// into one (the fused path: each token's output is its q rows, then k, then v, and so is
+/// the bias).
+#[derive(Debug)]
+enum AttnIn {
+    /// q, k and v, in that order.
+    Separate(Box<[DeviceLinear; 3]>),
+    Stacked(DeviceLinear),
+}
+
+impl AttnIn {
+    /// Every projection of the attention's input.
+    fn projections(&self) -> Vec<&DeviceLinear> {
+        match self {
+            AttnIn::Separate(qkv) => qkv.iter().collect(),
+            AttnIn::Stacked(qkv) => vec![qkv],
+        }
+    }
+}
 
 /// One decoder block on the device.
 #[derive(Debug)]
 struct DeviceLayer {
     attn_norm: CudaSlice<f32>,
-    q: DeviceLinear,
-    k: DeviceLinear,
-    v: DeviceLinear,
+    attn_in: AttnIn,
     o: DeviceLinear,
     ffn_norm: CudaSlice<f32>,
     /// gate_proj and up_proj stacked: each token's output is its gate rows, then its up rows.
@@ -81,6 +104,8 @@ pub struct CudaLlama {
     pairing: u32,
     /// The paged-attention kernel of every pass ([`attention_from_env`], fitted to the shape).
     attention: AttentionKernel,
+    /// The launch sequence of every layer ([`path_from_env`]).
+    path: KernelPath,
 }
 
 impl std::fmt::Debug for CudaLlama {
@@ -110,6 +135,21 @@ fn attention_from_env() -> Result<AttentionKernel, CudaError> {
         .map_err(|name| CudaError::UnknownAttention { name })
 }
 
+/// The launch sequence `TESSERA_FUSED` names: `0` (unset or empty: the default, until the
+/// fused kernels have run on a GPU) or `1`. Read once per process, as
+/// `TESSERA_ATTENTION`; a value that names neither fails the model's upload, saying what
+/// to change.
+fn path_from_env() -> Result<KernelPath, ModelError> {
+    static CHOSEN: std::sync::OnceLock<Result<KernelPath, String>> = std::sync::OnceLock::new();
+    CHOSEN
+        .get_or_init(|| {
+            let value = std::env::var("TESSERA_FUSED").ok();
+            KernelPath::from_env_value(value.as_deref()).map_err(|_| value.unwrap_or_default())
+        })
+        .clone()
+        .map_err(|name| ModelError::UnknownKernelPath { name })
+}
+
 /// A weight with no bias, as a projection.
 fn bare(weight: &crate::weights::Weight) -> Linear {
     Linear {
@@ -119,8 +159,20 @@ fn bare(weight: &crate::weights::Weight) -> Linear {
 }
 
 impl CudaLlama {
-    /// Uploads `llama`'s slice to `device`; the host copy can be dropped afterwards.
+    /// Uploads `llama`'s slice to `device` for the launch sequence `TESSERA_FUSED` names;
+    /// the host copy can be dropped afterwards.
     pub fn upload(llama: &Llama, device: Arc<CudaDevice>) -> Result<CudaLlama, ModelError> {
+        CudaLlama::upload_for(llama, device, path_from_env()?)
+    }
+
+    /// [`CudaLlama::upload`] for the launch sequence `path` (the fused path stacks q, k
+    /// and v into one projection, so the weights differ): for tests and benchmarks that
+    /// run both in one process.
+    pub fn upload_for(
+        llama: &Llama,
+        device: Arc<CudaDevice>,
+        path: KernelPath,
+    ) -> Result<CudaLlama, ModelError> {
         let requested = attention_from_env()?;
         let stream = device
             .context()
@@ -133,11 +185,21 @@ impl CudaLlama {
         let ops = Ops::new(&device, Arc::clone(&stream));
         let mut layers = Vec::with_capacity(llama.layers.len());
         for layer in &llama.layers {
+            let attn_in = match path {
+                KernelPath::Legacy => AttnIn::Separate(Box::new([
+                    DeviceLinear::upload(&ops, &[&layer.q], true)?,
+                    DeviceLinear::upload(&ops, &[&layer.k], true)?,
+                    DeviceLinear::upload(&ops, &[&layer.v], true)?,
+                ])),
+                KernelPath::Fused => AttnIn::Stacked(DeviceLinear::upload(
+                    &ops,
+                    &[&layer.q, &layer.k, &layer.v],
+                    true,
+                )?),
+            };
             layers.push(DeviceLayer {
                 attn_norm: ops.upload(&layer.attn_norm)?,
-                q: DeviceLinear::upload(&ops, &[&layer.q], true)?,
-                k: DeviceLinear::upload(&ops, &[&layer.k], true)?,
-                v: DeviceLinear::upload(&ops, &[&layer.v], true)?,
+                attn_in,
                 o: DeviceLinear::upload(&ops, &[&layer.o], true)?,
                 ffn_norm: ops.upload(&layer.ffn_norm)?,
                 gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], true)?,
@@ -176,6 +238,7 @@ impl CudaLlama {
         }
         let model = CudaLlama {
             attention,
+            path,
             blas,
             config: c.clone(),
             sharding: llama.sharding.clone(),
@@ -194,6 +257,7 @@ impl CudaLlama {
             device = %model.device.name(),
             rank = %plan.rank,
             attention = %model.attention,
+            path = %model.path,
             device_bytes = model.device_bytes(),
             "model slice on the device"
         );
@@ -206,11 +270,10 @@ impl CudaLlama {
             .layers
             .iter()
             .map(|l| {
+                let mut projections = l.attn_in.projections();
+                projections.extend([&l.o, &l.gate_up, &l.down]);
                 4 * (l.attn_norm.len() + l.ffn_norm.len())
-                    + [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]
-                        .iter()
-                        .map(|p| p.device_bytes())
-                        .sum::<usize>()
+                    + projections.iter().map(|p| p.device_bytes()).sum::<usize>()
             })
             .sum();
         layers
@@ -255,6 +318,11 @@ impl CudaLlama {
     /// The paged-attention kernel this model's passes run.
     pub fn attention(&self) -> AttentionKernel {
         self.attention
+    }
+
+    /// The launch sequence this model's layers run.
+    pub fn path(&self) -> KernelPath {
+        self.path
     }
 
     /// This model with `kernel` for attention where it serves the model's shape, the legacy
@@ -375,6 +443,7 @@ impl CudaLlama {
             q: self.heads * c.head_dim,
             kv: self.kv_heads * c.head_dim,
             inter: self.sharding.plan.mlp_rows.len(),
+            stacked_qkv: self.path == KernelPath::Fused,
         }
     }
 
@@ -404,96 +473,16 @@ impl CudaLlama {
             &ix.contexts,
             self.attention_target(kv),
         )?;
-        self.pass(ops, s, &slots, &mut index, kv, comm)?;
+        let mut batch = PassBatch {
+            slots: &slots,
+            index: &mut index,
+            decode: ix.one_token_per_sequence(),
+        };
+        self.pass(ops, s, &mut batch, kv, comm)?;
         if ix.wanted.is_empty() {
             return Ok(());
         }
         self.logits(ops, s, &ix.wanted, &mut kv.step)
-    }
-
-    /// Every layer over the batch, from the embedding of `s.ids` to the final norm (in
-    /// `s.h`). Launches only: no allocation, no copy between host and device unless a
-    /// collective stages through the host, so a decode pass can be captured in a graph.
-    fn pass(
-        &self,
-        ops: &Ops<'_>,
-        s: &mut Scratch,
-        slots: &Slots,
-        index: &mut AttentionIndex,
-        kv: &mut DeviceKv,
-        comm: &mut SliceComm<'_>,
-    ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let eps = c.rms_norm_eps;
-        let layout = kv.layout();
-        let table = self
-            .embed
-            .table()
-            .expect("the embedding is uploaded as bf16");
-        let vocab_start = self.sharding.plan.vocab_rows.start as u32;
-        ops.embedding(&mut s.x, table, &s.ids, c.hidden_size, vocab_start)?;
-        self.all_reduce(ops, &mut s.x, comm)?;
-        // The last row-parallel output (in `s.o`) not yet added to the residual stream.
-        let mut pending = false;
-        for (l, layer) in self.layers.iter().enumerate() {
-            ops.rmsnorm_residual(
-                &mut s.h,
-                &mut s.x,
-                pending.then_some(&s.o),
-                &layer.attn_norm,
-                eps,
-            )?;
-            ops.round_bf16(&mut s.h16, &s.h)?;
-            let h = Input {
-                f32: &s.h,
-                bf16: &s.h16,
-            };
-            layer.q.apply(ops, &self.blas, &h, &mut s.q)?;
-            layer.k.apply(ops, &self.blas, &h, &mut s.k)?;
-            layer.v.apply(ops, &self.blas, &h, &mut s.v)?;
-            ops.rope(
-                &mut s.q,
-                &mut s.k,
-                &s.positions,
-                &self.inv_freq,
-                self.heads,
-                self.kv_heads,
-                self.pairing,
-            )?;
-            ops.kv_write(&mut kv.k[l], &mut kv.v[l], &s.k, &s.v, slots, s.widths.kv)?;
-            ops.paged_attention(&mut s.attn, &s.q, (&kv.k[l], &kv.v[l]), layout, index)?;
-            ops.round_bf16(&mut s.attn16, &s.attn)?;
-            let attn = Input {
-                f32: &s.attn,
-                bf16: &s.attn16,
-            };
-            layer.o.apply(ops, &self.blas, &attn, &mut s.o)?;
-            self.all_reduce(ops, &mut s.o, comm)?;
-            ops.rmsnorm_residual(&mut s.h, &mut s.x, Some(&s.o), &layer.ffn_norm, eps)?;
-            ops.round_bf16(&mut s.h16, &s.h)?;
-            let h = Input {
-                f32: &s.h,
-                bf16: &s.h16,
-            };
-            layer.gate_up.apply(ops, &self.blas, &h, &mut s.gate_up)?;
-            ops.silu_mul(&mut s.act, &s.gate_up, s.widths.inter)?;
-            ops.round_bf16(&mut s.act16, &s.act)?;
-            let act = Input {
-                f32: &s.act,
-                bf16: &s.act16,
-            };
-            layer.down.apply(ops, &self.blas, &act, &mut s.o)?;
-            self.all_reduce(ops, &mut s.o, comm)?;
-            pending = true;
-        }
-        ops.rmsnorm_residual(
-            &mut s.h,
-            &mut s.x,
-            pending.then_some(&s.o),
-            &self.final_norm,
-            eps,
-        )?;
-        Ok(())
     }
 
     /// This rank's vocabulary rows of the logits of the `wanted` rows of `s.h`, into the

@@ -59,8 +59,8 @@ pub(crate) struct Input<'a, F = CudaSlice<f32>, B = CudaSlice<u16>> {
 }
 
 impl DeviceLinear {
-    /// Uploads `parts` stacked row-wise as one projection (gate and up fused: each token's
-    /// output is every part's rows in turn). Parts of one quantized type stay quantized
+    /// Uploads `parts` stacked row-wise as one projection (gate and up fused, or q, k and
+    /// v: each token's output is every part's rows in turn, and so is the bias). Parts of one quantized type stay quantized
     /// if `keep_quantized` (a matvec kernel reads them); all else becomes bf16.
     pub(crate) fn upload(
         ops: &Ops<'_>,
@@ -129,7 +129,18 @@ impl DeviceLinear {
         }
     }
 
-    /// `y = W·x (+ bias)` for every token of `x`.
+    /// Whether the weights run through a dequantizing matvec (which reads f32 input).
+    pub(crate) fn is_quantized(&self) -> bool {
+        matches!(self.matrix, Matrix::Quantized { .. })
+    }
+
+    /// The bias, if the projection has one: a launch of its own (`add_bias_f32`), or
+    /// fused into the kernel that reads the output (the q|k|v bias in `rope_kv_write`).
+    pub(crate) fn bias(&self) -> Option<&CudaSlice<f32>> {
+        self.bias.as_ref()
+    }
+
+    /// `y = W·x` for every token of `x` (one launch; the bias is not added here).
     pub(crate) fn apply<F: DevicePtr<f32>, B: DevicePtr<u16>>(
         &self,
         ops: &Ops<'_>,
@@ -138,14 +149,10 @@ impl DeviceLinear {
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
         match &self.matrix {
-            Matrix::Bf16(w) => blas.gemm_bf16(ops, y, w, x.bf16, (self.rows, self.cols))?,
+            Matrix::Bf16(w) => blas.gemm_bf16(ops, y, w, x.bf16, (self.rows, self.cols)),
             Matrix::Quantized { bytes, dtype } => {
-                ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)?
+                ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)
             }
         }
-        if let Some(bias) = &self.bias {
-            ops.add_bias(y, bias)?;
-        }
-        Ok(())
     }
 }

@@ -4,7 +4,7 @@ use super::*;
 
 /// Logits of three sequences decoded together for `steps` steps of fixed tokens (so that
 /// two models see the same inputs whatever they predict), graphs on or off.
-fn forced_decode(model: &CudaLlama, graphs: bool, steps: usize) -> Vec<Vec<f32>> {
+pub(super) fn forced_decode(model: &CudaLlama, graphs: bool, steps: usize) -> Vec<Vec<f32>> {
     let mut kv = model.new_cache(16 << 20).unwrap();
     kv.set_graphs(graphs);
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 4..s * 4 + 4).collect()).collect();

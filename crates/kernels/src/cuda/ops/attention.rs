@@ -6,9 +6,9 @@
 //! [`AttentionKernel::Legacy`] (`attention.cu`) stays the default until the grouped
 //! kernel has run on a GPU; the model reads the choice once (`TESSERA_ATTENTION`).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
 
-use super::{AttentionIndex, Ops, check, grid_yz, u32_of};
+use super::{AttentionIndex, Ops, RopeKv, Slots, check, grid_yz, u32_of};
 use crate::attention::KvLayout;
 use crate::cuda::CudaError;
 
@@ -57,6 +57,25 @@ pub const GROUPED_MAX_GROUP: usize = 8;
 /// Blocks the grouped kernel aims for per multiprocessor when it splits: two, so that one
 /// block's loads are in flight while the other computes.
 const GROUPED_BLOCKS_PER_SM: usize = 2;
+
+/// What a decode step's attention appends to the cache itself
+/// ([`Ops::paged_attention_append`]): each query's row of the stacked q|k|v projection,
+/// its bias, the rotation and the queries' cache slots.
+#[derive(Clone, Copy, Debug)]
+pub struct Append<'a> {
+    pub qkv: &'a CudaSlice<f32>,
+    pub bias: Option<&'a CudaSlice<f32>>,
+    pub rope: RopeKv<'a>,
+    pub slots: &'a Slots,
+}
+
+/// Where the grouped kernel's queries come from.
+pub(super) enum GroupedQuery<'a> {
+    /// Rotated already (`queries × q_heads × head_dim`).
+    Rotated(&'a CudaSlice<f32>),
+    /// Rotated by the kernel itself, which appends K and V too.
+    Append(Append<'a>),
+}
 
 /// Which kernel runs paged attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,13 +190,75 @@ pub fn grouped_part_len(context: usize, partitions: usize) -> usize {
 }
 
 impl Ops<'_> {
-    /// The grouped kernel over `index` (made for [`AttentionKernel::Grouped`]); `q` and
-    /// `out` are checked by [`Ops::paged_attention`], which calls this.
+    /// A decode step's paged attention with the work of [`Ops::rope_kv_write`] fused
+    /// in: the grouped kernel reads each query's row of the stacked q|k|v projection,
+    /// adds the bias, rotates q and the token's k, and writes k and v into the token's
+    /// cache slot before it attends (`append_fresh` in `attention_grouped.cu`). Every
+    /// query must be the one new token of its sequence, at position context − 1 (a decode
+    /// step; padding rows have a negative slot). `out16`, when given, receives the output
+    /// in bf16 too. One launch (two when split) where the legacy path makes seven.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_append(
+        &self,
+        out: &mut CudaSlice<f32>,
+        out16: Option<&mut CudaSlice<u16>>,
+        cache: (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+        layout: KvLayout,
+        index: &mut AttentionIndex,
+        append: Append<'_>,
+    ) -> Result<(), CudaError> {
+        let (k_cache, v_cache) = cache;
+        if index.kernel != AttentionKernel::Grouped {
+            return Err(CudaError::Unsupported {
+                what: "the KV append fused into the legacy attention kernel (run \
+                       rope_kv_write, then paged_attention)"
+                    .into(),
+            });
+        }
+        let queries = index.query_seq.len();
+        let hd = layout.head_dim;
+        let q_width = index.q_heads * hd;
+        let row = q_width + 2 * layout.kv_heads * hd;
+        check("append qkv", queries * row, append.qkv.len())?;
+        check("append positions", queries, append.rope.positions.len())?;
+        check("append inv_freq", hd / 2, append.rope.inv_freq.len())?;
+        check("append slots", queries, append.slots.slots.len())?;
+        check("append q heads", index.q_heads, append.rope.q_heads)?;
+        check("append kv heads", layout.kv_heads, append.rope.kv_heads)?;
+        if let Some(bias) = append.bias {
+            check("append bias", row, bias.len())?;
+        }
+        check("attention out", queries * q_width, out.len())?;
+        if let Some(out16) = &out16 {
+            check("attention bf16 out", out.len(), out16.len())?;
+        }
+        check(
+            "append slots' cache",
+            append.slots.capacity * layout.kv_heads * hd,
+            k_cache.len(),
+        )?;
+        check(
+            "attention k cache",
+            index.cache_blocks * layout.block_len(),
+            k_cache.len(),
+        )?;
+        check("attention v cache", k_cache.len(), v_cache.len())?;
+        let (k, _k) = k_cache.device_ptr_mut(&self.stream);
+        let (v, _v) = v_cache.device_ptr_mut(&self.stream);
+        let query = GroupedQuery::Append(append);
+        self.grouped_attention(out, out16, query, (k, v), layout, index)
+    }
+
+    /// The grouped kernel over `index` (made for [`AttentionKernel::Grouped`]) and the
+    /// caches at device addresses `cache`, writing `out16` too when given; the buffers are
+    /// checked by its callers ([`Ops::paged_attention_with_bf16`],
+    /// [`Ops::paged_attention_append`]).
     pub(super) fn grouped_attention(
         &self,
         out: &mut CudaSlice<f32>,
-        q: &CudaSlice<f32>,
-        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        out16: Option<&mut CudaSlice<u16>>,
+        query: GroupedQuery<'_>,
+        cache: (u64, u64),
         layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
@@ -232,14 +313,19 @@ impl Ops<'_> {
             part_sum,
             ..
         } = index;
+        // A null pointer when there is no bf16 output; the guard keeps the buffer's
+        // stream order until both launches are enqueued.
+        let (out16, _out16) = self.optional_out(out16);
+        let (null, no_pairing) = (0u64, 0u32);
         let mut a = self.builder(entry)?;
-        a.arg(&mut *out)
-            .arg(&mut *part_out)
-            .arg(&mut *part_max)
-            .arg(&mut *part_sum)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
+        a.arg(&mut *out).arg(&out16).arg(&mut *part_out);
+        a.arg(&mut *part_max).arg(&mut *part_sum);
+        match &query {
+            GroupedQuery::Rotated(q) => a.arg(*q),
+            GroupedQuery::Append(_) => a.arg(&null),
+        };
+        a.arg(&k_cache)
+            .arg(&v_cache)
             .arg(&*tables)
             .arg(&*query_seq)
             .arg(&*contexts);
@@ -247,6 +333,27 @@ impl Ops<'_> {
             a.arg(d);
         }
         a.arg(&scale_log2);
+        match &query {
+            GroupedQuery::Rotated(_) => {
+                for _ in 0..5 {
+                    a.arg(&null);
+                }
+                a.arg(&no_pairing).arg(&null).arg(&null);
+            }
+            GroupedQuery::Append(ap) => {
+                a.arg(ap.qkv);
+                match ap.bias {
+                    Some(b) => a.arg(b),
+                    None => a.arg(&null),
+                };
+                a.arg(ap.rope.positions)
+                    .arg(ap.rope.inv_freq)
+                    .arg(&ap.slots.slots)
+                    .arg(&ap.rope.pairing)
+                    .arg(&k_cache)
+                    .arg(&v_cache);
+            }
+        }
         self.run(entry, &mut a, config)?;
         if partitions == 1 {
             return Ok(()); // the kernel wrote every query's output
@@ -259,6 +366,7 @@ impl Ops<'_> {
         };
         let mut a = self.builder("attention_grouped_reduce")?;
         a.arg(out)
+            .arg(&out16)
             .arg(&*part_out)
             .arg(&*part_max)
             .arg(&*part_sum)

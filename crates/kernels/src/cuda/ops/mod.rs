@@ -9,17 +9,19 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig,
-    PushKernelArg,
+    PushKernelArg, SyncOnDrop,
 };
 
 use super::CudaError;
 use super::device::CudaDevice;
 
 pub mod attention;
+mod fused;
 mod paged;
 mod sampling;
 
-pub use attention::AttentionKernel;
+pub use attention::{Append, AttentionKernel};
+pub use fused::RopeKv;
 pub use paged::{AttentionIndex, AttentionTarget, Slots};
 pub use sampling::SampleBuffers;
 
@@ -138,6 +140,22 @@ impl<'a> Ops<'a> {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The device address of an optional output, 0 (a null pointer, which the kernel
+    /// checks) when absent, with the guard that orders the buffer on this stream: keep it
+    /// until the launch is enqueued.
+    fn optional_out<'b, T>(
+        &'b self,
+        buf: Option<&'b mut CudaSlice<T>>,
+    ) -> (u64, Option<SyncOnDrop<'b>>) {
+        match buf {
+            Some(b) => {
+                let (ptr, guard) = b.device_ptr_mut(&self.stream);
+                (ptr, Some(guard))
+            }
+            None => (0, None),
+        }
     }
 
     /// A launch of kernel `entry` on this stream; push its arguments, then [`Ops::run`].

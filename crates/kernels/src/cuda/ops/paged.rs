@@ -3,7 +3,7 @@
 //! when it is made or refilled. Attention runs the kernel its index was made for
 //! ([`AttentionKernel`]: the legacy one here, the grouped one in `attention.rs`).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::attention::{GROUPED_MAX_PARTITIONS, grouped_entry, grouped_partitions};
 use super::{
@@ -16,8 +16,8 @@ use crate::cuda::CudaError;
 /// Cache slots of a batch's tokens on the device, checked against the cache they index.
 #[derive(Debug)]
 pub struct Slots {
-    slots: CudaSlice<i64>,
-    capacity: usize,
+    pub(super) slots: CudaSlice<i64>,
+    pub(super) capacity: usize,
 }
 
 /// What an [`AttentionIndex`] is made for: the cache it reads, the query heads, the kernel.
@@ -276,6 +276,21 @@ impl Ops<'_> {
         layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
+        self.paged_attention_with_bf16(out, None, q, cache, layout, index)
+    }
+
+    /// [`Ops::paged_attention`], writing the output rounded to bf16 into `out16` as well
+    /// (the o projection's GEMM input) when given: the grouped kernel only, so that no
+    /// `round_bf16` launch follows it; the legacy kernel refuses it.
+    pub fn paged_attention_with_bf16(
+        &self,
+        out: &mut CudaSlice<f32>,
+        out16: Option<&mut CudaSlice<u16>>,
+        q: &CudaSlice<f32>,
+        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        layout: KvLayout,
+        index: &mut AttentionIndex,
+    ) -> Result<(), CudaError> {
         let (k_cache, v_cache) = cache;
         let queries = index.query_seq.len();
         check(
@@ -284,15 +299,28 @@ impl Ops<'_> {
             q.len(),
         )?;
         check("attention out", q.len(), out.len())?;
+        if let Some(out16) = &out16 {
+            check("attention bf16 out", q.len(), out16.len())?;
+        }
         check(
             "attention k cache",
             index.cache_blocks * layout.block_len(),
             k_cache.len(),
         )?;
         check("attention v cache", k_cache.len(), v_cache.len())?;
-        match index.kernel {
-            AttentionKernel::Legacy => self.legacy_attention(out, q, cache, layout, index),
-            AttentionKernel::Grouped => self.grouped_attention(out, q, cache, layout, index),
+        match (index.kernel, out16) {
+            (AttentionKernel::Legacy, None) => self.legacy_attention(out, q, cache, layout, index),
+            (AttentionKernel::Legacy, Some(_)) => Err(CudaError::Unsupported {
+                what: "a bf16 output from the legacy attention kernel (round it with \
+                       round_bf16)"
+                    .into(),
+            }),
+            (AttentionKernel::Grouped, out16) => {
+                let (k, _k) = k_cache.device_ptr(&self.stream);
+                let (v, _v) = v_cache.device_ptr(&self.stream);
+                let query = super::attention::GroupedQuery::Rotated(q);
+                self.grouped_attention(out, out16, query, (k, v), layout, index)
+            }
         }
     }
 

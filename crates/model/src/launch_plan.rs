@@ -1,0 +1,400 @@
+//! The kernel launches of one decoder layer on a CUDA device, as a list: the CUDA pass
+//! (`cuda::CudaLlama`, feature `cuda`) runs exactly this list, launch by launch, and checks
+//! after each that the kernels it launched are the count the list says
+//! ([`Launch::kernels`]), so a count taken here, without a GPU, is the count of the real
+//! launch sequence.
+//!
+//! Two paths ([`KernelPath`], chosen by `TESSERA_FUSED` in the shard):
+//! - [`KernelPath::Legacy`] (the default until the fused kernels have run on a GPU):
+//!   separate q, k and v GEMMs, each bias its own launch, RoPE, the KV write, and a
+//!   `round_bf16` before every GEMM — 17 launches a layer for Llama at decode.
+//! - [`KernelPath::Fused`] (issue 16): q|k|v stacked into one GEMM at upload, the residual
+//!   add + RMSNorm writing the GEMM's bf16 input, RoPE with the q/k/v bias and the KV
+//!   write in one kernel (`rope_kv_write`), the grouped attention writing the o
+//!   projection's bf16 input, and SiLU·mul writing bf16. At decode with the grouped
+//!   attention kernel, `rope_kv_write`'s work moves into the attention launch itself (its
+//!   append mode), so a layer is 8 launches (Llama and Qwen2 alike) when the attention
+//!   runs unsplit, 9 when it splits along the context (its reduce).
+
+/// Which launch sequence a layer runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelPath {
+    /// The launches the CUDA model ran first (`TESSERA_FUSED=0` or unset).
+    #[default]
+    Legacy,
+    /// The fused kernels (`TESSERA_FUSED=1`); not run on a GPU yet.
+    Fused,
+}
+
+impl KernelPath {
+    pub const ALL: [KernelPath; 2] = [KernelPath::Legacy, KernelPath::Fused];
+
+    /// What `TESSERA_FUSED` says for this path: `0` or `1`.
+    pub fn env_value(self) -> &'static str {
+        match self {
+            KernelPath::Legacy => "0",
+            KernelPath::Fused => "1",
+        }
+    }
+
+    /// The path a `TESSERA_FUSED` value names; unset or empty is the default.
+    pub fn from_env_value(value: Option<&str>) -> Result<KernelPath, crate::error::ModelError> {
+        match value {
+            None | Some("") => Ok(KernelPath::default()),
+            Some(v) => KernelPath::ALL
+                .into_iter()
+                .find(|p| p.env_value() == v)
+                .ok_or_else(|| crate::error::ModelError::UnknownKernelPath {
+                    name: v.to_string(),
+                }),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelPath::Legacy => "legacy",
+            KernelPath::Fused => "fused",
+        })
+    }
+}
+
+/// The two RMSNorms of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// Before attention; it first adds the previous layer's pending row-parallel output.
+    Attention,
+    /// Before the MLP; it first adds the o projection's output.
+    Mlp,
+}
+
+/// A layer's projections: q, k and v separately (legacy) or stacked (fused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    Qkv,
+    O,
+    GateUp,
+    Down,
+}
+
+/// The activations `round_bf16` rounds for a GEMM's input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rounded {
+    /// The normed rows (q/k/v or gate|up read them).
+    Hidden,
+    /// The attention output (o reads it).
+    Attention,
+    /// SiLU·mul's output (down reads it).
+    Activation,
+}
+
+/// One step of a layer: one kernel launch (a cuBLAS call counts one), two for an attention
+/// that splits, none for the all-reduce (a collective, not a kernel of `Ops`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// `rmsnorm_residual_f32`: the residual add and the norm, in f32.
+    Norm(Norm),
+    /// `rmsnorm_residual_bf16`: the same, writing the GEMM's bf16 input; the f32 rows too
+    /// when a quantized matvec reads them.
+    NormBf16 { norm: Norm, f32_out: bool },
+    /// `round_bf16`.
+    RoundBf16(Rounded),
+    /// A GEMM (cuBLAS, bf16 weights) or a dequantizing matvec (Q8_0, Q4_K weights).
+    Project(Proj),
+    /// `add_bias_f32` on a projection's output.
+    AddBias(Proj),
+    /// `rope_f32` on q and k.
+    Rope,
+    /// `kv_write_bf16`.
+    KvWrite,
+    /// `rope_kv_write`: the q/k/v bias (when `bias`), RoPE and the KV write.
+    RopeKvWrite { bias: bool },
+    /// Paged attention; `bf16_out`: the grouped kernel writes the o projection's bf16
+    /// input too; `reduce`: a second launch merges the partitions; `append`: the grouped
+    /// kernel does `rope_kv_write`'s work first (decode only), with the bias when `bias`.
+    Attention {
+        bf16_out: bool,
+        reduce: bool,
+        append: bool,
+        bias: bool,
+    },
+    /// `silu_mul_f32`.
+    SiluMul,
+    /// `silu_mul_bf16`; the f32 values too when a quantized matvec reads them.
+    SiluMulBf16 { f32_out: bool },
+    /// The sum of the row-parallel output over the group (tp > 1).
+    AllReduce,
+}
+
+impl Launch {
+    /// Kernels this step launches through `Ops`.
+    pub fn kernels(&self) -> u64 {
+        match self {
+            Launch::Attention { reduce, .. } => 1 + u64::from(*reduce),
+            Launch::AllReduce => 0,
+            _ => 1,
+        }
+    }
+
+    /// A name for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Launch::Norm(_) => "rmsnorm_residual_f32",
+            Launch::NormBf16 { .. } => "rmsnorm_residual_bf16",
+            Launch::RoundBf16(_) => "round_bf16",
+            Launch::Project(_) => "projection",
+            Launch::AddBias(_) => "add_bias_f32",
+            Launch::Rope => "rope_f32",
+            Launch::KvWrite => "kv_write_bf16",
+            Launch::RopeKvWrite { .. } => "rope_kv_write",
+            Launch::Attention { .. } => "paged attention",
+            Launch::SiluMul => "silu_mul_f32",
+            Launch::SiluMulBf16 { .. } => "silu_mul_bf16",
+            Launch::AllReduce => "all-reduce",
+        }
+    }
+}
+
+/// Which projections carry a bias.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Biases {
+    /// q, k and v (all three in Qwen2).
+    pub q: bool,
+    pub k: bool,
+    pub v: bool,
+    pub o: bool,
+    pub gate_up: bool,
+    pub down: bool,
+}
+
+/// What decides a layer's launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    pub path: KernelPath,
+    pub biases: Biases,
+    /// A projection reading the normed rows (q/k/v or gate|up) is a quantized matvec,
+    /// which reads f32 rows.
+    pub f32_hidden: bool,
+    /// The down projection is a quantized matvec.
+    pub f32_activation: bool,
+    /// The paged-attention kernel is the grouped one (which can write bf16).
+    pub grouped_attention: bool,
+    /// The attention splits along the context (a reduce launch follows): always for the
+    /// legacy kernel, when the batch does not fill the device for the grouped one.
+    pub attention_split: bool,
+    /// More than one rank: the row-parallel outputs are summed over the group.
+    pub tensor_parallel: bool,
+    /// Every query is the one new token of its sequence (a decode step).
+    pub decode: bool,
+}
+
+impl Biases {
+    /// Any of q, k and v: the stacked projection's bias (zeros where a part has none).
+    pub fn qkv(&self) -> bool {
+        self.q || self.k || self.v
+    }
+}
+
+/// The launches of one layer, in order.
+pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
+    let mut plan = Vec::with_capacity(24);
+    let bias = |plan: &mut Vec<Launch>, on: bool, p: Proj| {
+        if on {
+            plan.push(Launch::AddBias(p));
+        }
+    };
+    let b = shape.biases;
+    let fused = shape.path == KernelPath::Fused;
+    let append = fused && shape.grouped_attention && shape.decode;
+    // Attention's half.
+    if fused {
+        plan.push(Launch::NormBf16 {
+            norm: Norm::Attention,
+            f32_out: shape.f32_hidden,
+        });
+        plan.push(Launch::Project(Proj::Qkv));
+        if !append {
+            plan.push(Launch::RopeKvWrite { bias: b.qkv() });
+        }
+    } else {
+        plan.push(Launch::Norm(Norm::Attention));
+        plan.push(Launch::RoundBf16(Rounded::Hidden));
+        for (p, on) in [(Proj::Q, b.q), (Proj::K, b.k), (Proj::V, b.v)] {
+            plan.push(Launch::Project(p));
+            bias(&mut plan, on, p);
+        }
+        plan.push(Launch::Rope);
+        plan.push(Launch::KvWrite);
+    }
+    let bf16_out = fused && shape.grouped_attention;
+    plan.push(Launch::Attention {
+        bf16_out,
+        reduce: shape.attention_split,
+        append,
+        bias: append && b.qkv(),
+    });
+    if !bf16_out {
+        plan.push(Launch::RoundBf16(Rounded::Attention));
+    }
+    plan.push(Launch::Project(Proj::O));
+    bias(&mut plan, b.o, Proj::O);
+    if shape.tensor_parallel {
+        plan.push(Launch::AllReduce);
+    }
+    // The MLP's half.
+    if fused {
+        plan.push(Launch::NormBf16 {
+            norm: Norm::Mlp,
+            f32_out: shape.f32_hidden,
+        });
+    } else {
+        plan.push(Launch::Norm(Norm::Mlp));
+        plan.push(Launch::RoundBf16(Rounded::Hidden));
+    }
+    plan.push(Launch::Project(Proj::GateUp));
+    bias(&mut plan, b.gate_up, Proj::GateUp);
+    if fused {
+        plan.push(Launch::SiluMulBf16 {
+            f32_out: shape.f32_activation,
+        });
+    } else {
+        plan.push(Launch::SiluMul);
+        plan.push(Launch::RoundBf16(Rounded::Activation));
+    }
+    plan.push(Launch::Project(Proj::Down));
+    bias(&mut plan, b.down, Proj::Down);
+    if shape.tensor_parallel {
+        plan.push(Launch::AllReduce);
+    }
+    plan
+}
+
+/// Kernels launched by one layer of `plan`.
+pub fn kernels_per_layer(plan: &[Launch]) -> u64 {
+    plan.iter().map(Launch::kernels).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decode step of one tp = 1 rank with bf16 weights: Llama (no bias) or Qwen2 (q/k/v
+    /// bias), with the grouped attention kernel unsplit unless `split`.
+    fn decode(path: KernelPath, qkv_bias: bool, grouped: bool, split: bool) -> LayerShape {
+        LayerShape {
+            path,
+            biases: Biases {
+                q: qkv_bias,
+                k: qkv_bias,
+                v: qkv_bias,
+                ..Biases::default()
+            },
+            f32_hidden: false,
+            f32_activation: false,
+            grouped_attention: grouped,
+            attention_split: split || !grouped,
+            tensor_parallel: false,
+            decode: true,
+        }
+    }
+
+    #[test]
+    fn a_fused_decode_layer_launches_at_most_eight_kernels() {
+        for (model, bias) in [("llama", false), ("qwen2", true)] {
+            let legacy = kernels_per_layer(&layer_launches(&decode(
+                KernelPath::Legacy,
+                bias,
+                false,
+                true,
+            )));
+            let fused = kernels_per_layer(&layer_launches(&decode(
+                KernelPath::Fused,
+                bias,
+                true,
+                false,
+            )));
+            let fused_split = kernels_per_layer(&layer_launches(&decode(
+                KernelPath::Fused,
+                bias,
+                true,
+                true,
+            )));
+            eprintln!(
+                "{model}: legacy {legacy} launches a layer, fused {fused} (grouped attention \
+                 unsplit), {fused_split} (split)"
+            );
+            assert!(fused <= 8, "{model}: {fused} launches a fused layer");
+            assert_eq!(fused_split, fused + 1, "{model}: a split adds the reduce");
+            assert!(legacy > fused, "{model}");
+        }
+    }
+
+    #[test]
+    fn prefill_and_the_legacy_attention_keep_the_separate_rope_kv_write() {
+        let mut shape = decode(KernelPath::Fused, true, true, false);
+        shape.decode = false;
+        let plan = layer_launches(&shape);
+        assert!(plan.contains(&Launch::RopeKvWrite { bias: true }));
+        assert_eq!(kernels_per_layer(&plan), 9);
+        let legacy_attention = layer_launches(&decode(KernelPath::Fused, false, false, true));
+        assert!(legacy_attention.contains(&Launch::RopeKvWrite { bias: false }));
+        assert!(legacy_attention.contains(&Launch::RoundBf16(Rounded::Attention)));
+        // Every projection of a fused layer is a GEMM of its own, q|k|v one of them.
+        let projections = |plan: &[Launch]| {
+            plan.iter()
+                .filter(|l| matches!(l, Launch::Project(_)))
+                .count()
+        };
+        assert_eq!(projections(&plan), 4);
+        assert_eq!(
+            projections(&layer_launches(&decode(
+                KernelPath::Legacy,
+                false,
+                true,
+                false
+            ))),
+            6
+        );
+    }
+
+    #[test]
+    fn tensor_parallel_layers_sum_both_row_parallel_outputs() {
+        let mut shape = decode(KernelPath::Fused, false, true, false);
+        shape.tensor_parallel = true;
+        let plan = layer_launches(&shape);
+        assert_eq!(plan.iter().filter(|l| **l == Launch::AllReduce).count(), 2);
+        // A collective is not a kernel of `Ops`.
+        assert_eq!(kernels_per_layer(&plan), 8);
+    }
+
+    #[test]
+    fn the_env_value_names_a_path() {
+        assert_eq!(
+            KernelPath::from_env_value(None).unwrap(),
+            KernelPath::Legacy
+        );
+        assert_eq!(
+            KernelPath::from_env_value(Some("")).unwrap(),
+            KernelPath::Legacy
+        );
+        assert_eq!(
+            KernelPath::from_env_value(Some("1")).unwrap(),
+            KernelPath::Fused
+        );
+        assert_eq!(
+            KernelPath::from_env_value(Some("0")).unwrap(),
+            KernelPath::Legacy
+        );
+        let err = KernelPath::from_env_value(Some("yes"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("yes") && err.contains("TESSERA_FUSED"),
+            "{err}"
+        );
+    }
+}
