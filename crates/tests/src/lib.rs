@@ -21,6 +21,7 @@ use anyhow::{Context, anyhow, bail};
 
 mod http;
 pub mod netns;
+pub mod up;
 
 pub use http::{SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, sse, token_ids};
 use nix::sys::signal::{Signal, killpg};

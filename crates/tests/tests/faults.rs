@@ -7,58 +7,26 @@
 //! `TESSERA_FAULT_STEP_DELAY_MS` makes every step of the shards slow enough that the
 //! fault lands during the generation.
 
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
-use tessera_tests::{GroupSpec, bin, fixture, free_port, post, shard_pid, topology_text};
+use tessera_tests::up::Up;
+use tessera_tests::{GroupSpec, fixture, post, shard_pid};
 
-struct Up {
-    child: Child,
-    dir: tempfile::TempDir,
-    topology: std::path::PathBuf,
-    http: String,
+/// Steps slow enough that a fault lands during a generation.
+const FAULT_ENV: &[(&str, &str)] = &[("TESSERA_FAULT_STEP_DELAY_MS", "40")];
+
+/// What these tests ask of the cluster besides what [`Up`] does.
+trait Faults {
+    fn complete(&self, model: &str, max_tokens: usize) -> (u16, serde_json::Value);
+    fn wait_serving(&self, model: &str, timeout: Duration);
+    fn pid(&self, group: &str, rank: usize) -> i32;
 }
 
-impl Up {
-    fn start(groups: &[GroupSpec]) -> Up {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let quic = format!("127.0.0.1:{}", free_port());
-        let http = format!("127.0.0.1:{}", free_port());
-        let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], groups);
-        let topology = dir.path().join("topology.toml");
-        std::fs::write(&topology, text).expect("write topology");
-        let log = std::fs::File::create(dir.path().join("up.log")).expect("log file");
-        let child = Command::new(bin("tessera"))
-            .arg("up")
-            .arg("--topology")
-            .arg(&topology)
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .env("TESSERA_FAULT_STEP_DELAY_MS", "40")
-            .env("TESSERA_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("tessera up starts");
-        Up {
-            child,
-            dir,
-            topology,
-            http: format!("http://{http}"),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
-    }
-
+impl Faults for Up {
     fn complete(&self, model: &str, max_tokens: usize) -> (u16, serde_json::Value) {
         let body = json!({
             "model": model, "prompt": [1, 5, 9], "max_tokens": max_tokens,
@@ -101,42 +69,6 @@ impl Up {
             thread::sleep(Duration::from_millis(100));
         }
     }
-
-    /// SIGTERM, then every process must be gone within the grace period.
-    fn stop(mut self) {
-        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tessera up did not stop\n{}",
-                self.log()
-            );
-            thread::sleep(Duration::from_millis(100));
-        }
-        let topology = self.topology.display().to_string();
-        let left = tessera_tests::find_pids(&[&topology]);
-        assert!(
-            left.is_empty(),
-            "processes left behind: {left:?}\n{}",
-            self.log()
-        );
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
-        let _ = self.child.wait();
-        let topology = self.topology.display().to_string();
-        for pid in tessera_tests::find_pids(&[&topology]) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
 }
 
 /// Starts a long generation, applies `fault` after a second, and returns the answer and
@@ -163,7 +95,7 @@ fn generation_under_fault(
 #[test]
 fn killed_shard_fails_the_request_and_comes_back() {
     let path = fixture("llama-gqa/f32");
-    let up = Up::start(&[GroupSpec::local("killme", "m", &path, 2)]);
+    let up = Up::start(&[GroupSpec::local("killme", "m", &path, 2)], FAULT_ENV);
     up.wait_serving("m", Duration::from_secs(60));
     let victim = up.pid("killme", 1);
     let (status, answer, after) = generation_under_fault(&up, "m", || {
@@ -194,10 +126,13 @@ fn killed_shard_fails_the_request_and_comes_back() {
 #[test]
 fn stopped_shard_is_detected_and_recovers_when_continued() {
     let path = fixture("llama-gqa/f32");
-    let up = Up::start(&[
-        GroupSpec::local("frozen", "m2", &path, 2),
-        GroupSpec::local("solo", "m1", &path, 1),
-    ]);
+    let up = Up::start(
+        &[
+            GroupSpec::local("frozen", "m2", &path, 2),
+            GroupSpec::local("solo", "m1", &path, 1),
+        ],
+        FAULT_ENV,
+    );
     up.wait_serving("m2", Duration::from_secs(60));
     up.wait_serving("m1", Duration::from_secs(60));
 

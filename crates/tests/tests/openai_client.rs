@@ -6,91 +6,14 @@
 //! fails when `CI` is set and prints SKIPPED otherwise; without the demo model it follows
 //! [`tessera_tests::demo_model`].
 
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
-use tessera_tests::{GroupSpec, bin, demo_model, free_port, repo, topology_text};
+use tessera_tests::up::Up;
+use tessera_tests::{GroupSpec, demo_model, repo};
 
 const MODEL: &str = "demo";
 const API_KEY: &str = "openai-client-check-key";
-
-/// `tessera up` in its own process group, killed with everything it started on drop.
-struct Up {
-    child: Child,
-    dir: tempfile::TempDir,
-    topology: std::path::PathBuf,
-    http: String,
-}
-
-impl Up {
-    fn start(groups: &[GroupSpec]) -> Up {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let quic = format!("127.0.0.1:{}", free_port());
-        let http = format!("127.0.0.1:{}", free_port());
-        let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], groups);
-        let topology = dir.path().join("topology.toml");
-        std::fs::write(&topology, text).expect("write topology");
-        let log = std::fs::File::create(dir.path().join("up.log")).expect("log file");
-        let child = Command::new(bin("tessera"))
-            .arg("up")
-            .arg("--topology")
-            .arg(&topology)
-            .arg("--run-dir")
-            .arg(dir.path().join("run"))
-            .env("TESSERA_API_KEYS", API_KEY)
-            .env("TESSERA_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("tessera up starts");
-        Up {
-            child,
-            dir,
-            topology,
-            http: format!("http://{http}"),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
-    }
-
-    /// Waits until `/ready` answers 200: every model has a group that can step.
-    fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(r) = ureq::get(format!("{}/ready", self.http)).call()
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not ready after {timeout:?}\n{}",
-                self.log()
-            );
-            thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
-        let _ = self.child.wait();
-        let topology = self.topology.display().to_string();
-        for pid in tessera_tests::find_pids(&[&topology]) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
-}
 
 /// Whether `python3` can import `openai`; panics under CI when it cannot.
 fn openai_available() -> bool {
@@ -118,7 +41,10 @@ fn official_openai_client_passes() {
     let Some(model) = demo_model() else {
         return;
     };
-    let up = Up::start(&[GroupSpec::local("g0", MODEL, &model, 1)]);
+    let up = Up::start(
+        &[GroupSpec::local("g0", MODEL, &model, 1)],
+        &[("TESSERA_API_KEYS", API_KEY)],
+    );
     up.wait_ready(Duration::from_secs(120));
     let output = Command::new("python3")
         .arg(repo().join("scripts/openai_client_check.py"))
