@@ -4,6 +4,13 @@
 //! streams the answer back, so a client may use any peer. While an election is under way
 //! it waits for a leader for up to [`crate::leader::ELECTION_WAIT`]; a call that was forwarded once is
 //! never forwarded again (it is answered here: 503 naming the leader).
+//!
+//! A leader that cannot be reached fails the call within [`CONNECT_TIMEOUT`] (503), and TCP
+//! keep-alive probes find a leader that vanished under a forwarded stream. The call crosses
+//! in plain HTTP, as the client sent it: keep the peers' HTTP addresses on a private
+//! network, or give clients the leader's address.
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -19,6 +26,12 @@ use tracing::debug;
 use crate::api::ApiError;
 use crate::error::CoordinatorError;
 use crate::leader::{Leader, Leadership};
+
+/// A leader that does not accept the connection within this is treated as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Idle time before TCP keep-alive probes start on a forwarding connection.
+const KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// Set on a forwarded call: the id of the peer that forwarded it.
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-tessera-forwarded-by");
@@ -41,9 +54,13 @@ pub struct Forwarder {
 
 impl Forwarder {
     pub fn new(leadership: Leadership) -> Forwarder {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_keepalive(Some(KEEPALIVE));
+        connector.set_nodelay(true);
         Forwarder {
             leadership,
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
 
