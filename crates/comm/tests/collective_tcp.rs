@@ -6,22 +6,12 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tessera_comm::collective::Op;
 use tessera_comm::collective::tcp::TcpRing;
-use tessera_comm::collective::{CollectiveConfig, Op};
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
-use common::{MARGIN, SHORT, bits, config, loopback_peers as peers};
-
-fn spawn_rank(
-    r: u32,
-    peers: &[String],
-    token: &GroupToken,
-    config: CollectiveConfig,
-) -> thread::JoinHandle<Result<TcpRing, CollectiveError>> {
-    let (peers, token) = (peers.to_vec(), token.clone());
-    thread::spawn(move || TcpRing::connect(Rank(r), &peers, &token, config))
-}
+use common::{MARGIN, SHORT, bits, config, loopback_peers as peers, spawn_rank};
 
 fn on_ranks<T: Send + 'static>(
     world: usize,

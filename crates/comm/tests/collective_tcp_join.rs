@@ -9,27 +9,17 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tessera_comm::collective::Op;
 use tessera_comm::collective::tcp::TcpRing;
-use tessera_comm::collective::{CollectiveConfig, Op};
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
-use common::{MARGIN, SHORT, config, input, loopback_peers};
+use common::{MARGIN, SHORT, config, input, loopback_peers, spawn_rank};
 
 /// The join's deadline in the tests that must form a group: far above the three seconds a
 /// stalled connection may hold its place, so only a join that waits on it fails.
 const JOIN: Duration = Duration::from_secs(10);
 const TOKEN: GroupToken = GroupToken([3; 32]);
-
-fn spawn_rank(
-    r: u32,
-    peers: &[String],
-    token: &GroupToken,
-    config: CollectiveConfig,
-) -> thread::JoinHandle<Result<TcpRing, CollectiveError>> {
-    let (peers, token) = (peers.to_vec(), token.clone());
-    thread::spawn(move || TcpRing::connect(Rank(r), &peers, &token, config))
-}
 
 /// Connects to `addr` once something listens there.
 fn dial(addr: &str) -> TcpStream {

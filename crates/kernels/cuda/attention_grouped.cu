@@ -59,6 +59,15 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
     f[7] = __uint_as_float(w.w & 0xffff0000u);
 }
 
+// The append mode's inputs, as `append_fresh` and `grouped_attention` take them (null
+// `qkv`: not in append mode).
+#define APPEND_PARAMS                                                                       \
+    const float* __restrict__ qkv, const float* __restrict__ bias,                          \
+        const unsigned int* __restrict__ positions, const float* __restrict__ inv_freq,     \
+        const long long* __restrict__ slots, unsigned int pairing, bf16_t* k_fresh,         \
+        bf16_t* v_fresh
+#define APPEND_ARGS qkv, bias, positions, inv_freq, slots, pairing, k_fresh, v_fresh
+
 // Append mode (a decode step, each query the one new token of its sequence, at position
 // context − 1): the work of `rope_kv_write` for this block's KV head, fused into the
 // attention launch. Every partition rotates its group's q heads (q|k|v row + bias) into
@@ -72,14 +81,7 @@ __device__ __forceinline__ unsigned int append_fresh(
     float (*s_q)[D],
     bf16_t* s_k,
     bf16_t* s_v,
-    const float* __restrict__ qkv,
-    const float* __restrict__ bias,
-    const unsigned int* __restrict__ positions,
-    const float* __restrict__ inv_freq,
-    const long long* __restrict__ slots,
-    unsigned int pairing,
-    bf16_t* k_fresh,
-    bf16_t* v_fresh,
+    APPEND_PARAMS,
     unsigned int query,
     unsigned int kv_head,
     unsigned int first_head,
@@ -164,14 +166,7 @@ __device__ __forceinline__ void grouped_attention(
     unsigned int kv_heads,
     unsigned int partitions,
     float scale_log2,
-    const float* __restrict__ qkv,
-    const float* __restrict__ bias,
-    const unsigned int* __restrict__ positions,
-    const float* __restrict__ inv_freq,
-    const long long* __restrict__ slots,
-    unsigned int pairing,
-    bf16_t* k_fresh,
-    bf16_t* v_fresh) {
+    APPEND_PARAMS) {
     constexpr unsigned int LANES = D / 8;
     constexpr unsigned int SLOTS = 32 / LANES;
     constexpr unsigned int STEP = GROUPED_UNROLL * GROUPED_WARPS * SLOTS;
@@ -204,9 +199,8 @@ __device__ __forceinline__ void grouped_attention(
 
     // Append mode: the position this query's K and V are written at; none otherwise.
     const unsigned int fresh = qkv != 0
-        ? append_fresh<D, G>(s_q, s_k, s_v, qkv, bias, positions, inv_freq, slots, pairing,
-                             k_fresh, v_fresh, query, kv_head, first_head, group, q_heads,
-                             kv_heads, context - 1u, start, end)
+        ? append_fresh<D, G>(s_q, s_k, s_v, APPEND_ARGS, query, kv_head, first_head, group,
+                             q_heads, kv_heads, context - 1u, start, end)
         : 0xffffffffu;
 
     // This lane's 8 dimensions of each head's q, in base-2 logit units.

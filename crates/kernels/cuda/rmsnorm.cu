@@ -1,19 +1,21 @@
-// RMSNorm fused with the residual add, one block per token:
-//   residual += x            (when x is not null: the sublayer's output)
-//   out = residual * rsqrt(mean(residual²) + eps) * weight
-// Twin: `norm::rms_norm` after the residual add.
-extern "C" __global__ void rmsnorm_residual_f32(
-    float* out,
-    float* residual,
+// What both kernels take after `residual`, in the order `Ops::rmsnorm` (ops/fused.rs)
+// pushes it: the sublayer's output (or null), the norm's weight, the row length and eps.
+#define NORM_PARAMS const float* x, const float* weight, unsigned int hidden, float eps
+
+// The residual add of one token's row `r` from `first` on, one value per thread in
+// strides of the block: r[i] += x[base + i] when x is not null. Adds each result's square
+// to this thread's `squares`, sums them over the block (in shared scratch) and returns the
+// rms scale rsqrt(mean(r²) + eps).
+__device__ __forceinline__ float add_residual_rms_scale(
+    float* r,
     const float* x,
-    const float* weight,
+    size_t base,
+    unsigned int first,
     unsigned int hidden,
-    float eps) {
+    float eps,
+    float squares) {
     __shared__ float scratch[32];
-    const size_t base = (size_t)blockIdx.x * hidden;
-    float* r = residual + base;
-    float squares = 0.0f;
-    for (unsigned int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    for (unsigned int i = first + threadIdx.x; i < hidden; i += blockDim.x) {
         float v = r[i];
         if (x != 0) {
             v += x[base + i];
@@ -22,7 +24,20 @@ extern "C" __global__ void rmsnorm_residual_f32(
         squares += v * v;
     }
     const float total = block_sum(squares, scratch);
-    const float scale = rsqrtf(total / (float)hidden + eps);
+    return rsqrtf(total / (float)hidden + eps);
+}
+
+// RMSNorm fused with the residual add, one block per token:
+//   residual += x            (when x is not null: the sublayer's output)
+//   out = residual * rsqrt(mean(residual²) + eps) * weight
+// Twin: `norm::rms_norm` after the residual add.
+extern "C" __global__ void rmsnorm_residual_f32(
+    float* out,
+    float* residual,
+    NORM_PARAMS) {
+    const size_t base = (size_t)blockIdx.x * hidden;
+    float* r = residual + base;
+    const float scale = add_residual_rms_scale(r, x, base, 0u, hidden, eps, 0.0f);
     for (unsigned int i = threadIdx.x; i < hidden; i += blockDim.x) {
         out[base + i] = r[i] * scale * weight[i];
     }
@@ -36,11 +51,7 @@ extern "C" __global__ void rmsnorm_residual_bf16(
     bf16_t* out16,
     float* out32,
     float* residual,
-    const float* x,
-    const float* weight,
-    unsigned int hidden,
-    float eps) {
-    __shared__ float scratch[32];
+    NORM_PARAMS) {
     const size_t base = (size_t)blockIdx.x * hidden;
     float* r = residual + base;
     // Rows start 16-byte aligned when hidden is a multiple of 4 (cudaMalloc aligns 256).
@@ -58,16 +69,7 @@ extern "C" __global__ void rmsnorm_residual_bf16(
         }
         squares += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    for (unsigned int i = 4u * vec + threadIdx.x; i < hidden; i += blockDim.x) {
-        float v = r[i];
-        if (x != 0) {
-            v += x[base + i];
-            r[i] = v;
-        }
-        squares += v * v;
-    }
-    const float total = block_sum(squares, scratch);
-    const float scale = rsqrtf(total / (float)hidden + eps);
+    const float scale = add_residual_rms_scale(r, x, base, 4u * vec, hidden, eps, squares);
     for (unsigned int i = threadIdx.x; i < vec; i += blockDim.x) {
         const float4 v = reinterpret_cast<const float4*>(r)[i];
         const float4 w = reinterpret_cast<const float4*>(weight)[i];

@@ -5,10 +5,12 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 use std::net::TcpListener;
+use std::thread;
 use std::time::Duration;
 
-use tessera_comm::Collective;
 use tessera_comm::collective::CollectiveConfig;
+use tessera_comm::collective::tcp::TcpRing;
+use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
 pub const SHORT: Duration = Duration::from_millis(300);
@@ -119,7 +121,7 @@ where
     let handles: Vec<_> = (0..world)
         .map(|r| {
             let shared = std::sync::Arc::clone(&shared);
-            std::thread::spawn(move || {
+            thread::spawn(move || {
                 let (join, body) = &*shared;
                 body(join(Rank(r as u32)))
             })
@@ -129,4 +131,15 @@ where
         .into_iter()
         .map(|h| h.join().expect("rank"))
         .collect()
+}
+
+/// Rank `r` joining the TCP ring of `peers` with `token`, in a thread of its own.
+pub fn spawn_rank(
+    r: u32,
+    peers: &[String],
+    token: &GroupToken,
+    config: CollectiveConfig,
+) -> thread::JoinHandle<Result<TcpRing, CollectiveError>> {
+    let (peers, token) = (peers.to_vec(), token.clone());
+    thread::spawn(move || TcpRing::connect(Rank(r), &peers, &token, config))
 }

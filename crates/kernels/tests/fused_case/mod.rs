@@ -8,7 +8,8 @@
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
-use tessera_kernels::cuda::{Append, RopeKv};
+use tessera_kernels::cuda::ops::Ops;
+use tessera_kernels::cuda::{Append, CudaSlice, RopeKv, Slots};
 use tessera_kernels::fused::{self, QkvRow};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
@@ -226,11 +227,12 @@ impl DecodeCase {
 
 const PAIRINGS: [(RopePairing, u32); 2] = [(RopePairing::Halves, 0), (RopePairing::Interleaved, 1)];
 
-#[test]
-fn rope_kv_write_matches_its_twin_for_gqa_head_dims_and_biases() {
-    let Some(dev) = device() else { return };
-    let ops = ops(&dev);
-    let mut rng = StdRng::seed_from_u64(23);
+/// The decode tests' cases, drawn in turn from one generator seeded with `seed`: head_dim
+/// 64 and 128, groups of 1, 4 and 8 query heads a KV head, both pairings; each with its
+/// group, its pairing and the kernels' code for that pairing.
+fn decode_cases(seed: u64) -> Vec<(DecodeCase, usize, RopePairing, u32)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut cases = Vec::new();
     for head_dim in [64, 128] {
         for group in [1, 4, 8] {
             for (pairing, code) in PAIRINGS {
@@ -240,47 +242,80 @@ fn rope_kv_write_matches_its_twin_for_gqa_head_dims_and_biases() {
                     head_dim,
                 };
                 let d = DecodeCase::new(&mut rng, layout, group, pairing);
-                for bias in [false, true] {
-                    let (want_q, want_k, want_v) = d.twin(bias);
-                    let capacity = d.case.blocks * layout.block_size;
-                    let slots = ops.slots(&d.slots, capacity).unwrap();
-                    let mut k = ops.upload(&to_bf16(&d.case.k)).unwrap();
-                    let mut v = ops.upload(&to_bf16(&d.case.v)).unwrap();
-                    let mut q = ops
-                        .alloc::<f32>(d.contexts.len() * d.q_heads * head_dim)
-                        .unwrap();
-                    let (positions, inv_freq) = (
-                        ops.upload(&d.positions).unwrap(),
-                        ops.upload(d.rope.inv_freq()).unwrap(),
-                    );
-                    let (qkv, bias_dev) =
-                        (ops.upload(&d.qkv).unwrap(), ops.upload(&d.bias).unwrap());
-                    let rope = RopeKv {
-                        positions: &positions,
-                        inv_freq: &inv_freq,
-                        pairing: code,
-                        q_heads: d.q_heads,
-                        kv_heads: layout.kv_heads,
-                    };
-                    ops.rope_kv_write(
-                        &mut q,
-                        (&mut k, &mut v),
-                        &qkv,
-                        bias.then_some(&bias_dev),
-                        &slots,
-                        rope,
-                    )
-                    .unwrap();
-                    let what = format!(
-                        "rope_kv_write, head_dim {head_dim}, group {group}, {pairing:?}, bias {bias}"
-                    );
-                    close(&what, &ops.download(&q).unwrap(), &want_q, 1e-4);
-                    // The whole cache: the written slots as the twin's, every other
-                    // position (the padding query's slot included) untouched.
-                    close_bf16(&what, &ops.download(&k).unwrap(), &want_k);
-                    close_bf16(&what, &ops.download(&v).unwrap(), &want_v);
-                }
+                cases.push((d, group, pairing, code));
             }
+        }
+    }
+    cases
+}
+
+/// A decode case's inputs on the device.
+struct DeviceDecode {
+    slots: Slots,
+    positions: CudaSlice<u32>,
+    inv_freq: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    bias: CudaSlice<f32>,
+}
+
+impl DeviceDecode {
+    /// The inputs, and a fresh copy of the case's cache (bf16 K, V).
+    fn new(ops: &Ops<'_>, d: &DecodeCase) -> (DeviceDecode, CudaSlice<u16>, CudaSlice<u16>) {
+        let capacity = d.case.blocks * d.case.layout.block_size;
+        let slots = ops.slots(&d.slots, capacity).unwrap();
+        let k = ops.upload(&to_bf16(&d.case.k)).unwrap();
+        let v = ops.upload(&to_bf16(&d.case.v)).unwrap();
+        let inputs = DeviceDecode {
+            slots,
+            positions: ops.upload(&d.positions).unwrap(),
+            inv_freq: ops.upload(d.rope.inv_freq()).unwrap(),
+            qkv: ops.upload(&d.qkv).unwrap(),
+            bias: ops.upload(&d.bias).unwrap(),
+        };
+        (inputs, k, v)
+    }
+
+    /// What the kernels rotate with, for the pairing of kernel code `code`.
+    fn rope(&self, d: &DecodeCase, code: u32) -> RopeKv<'_> {
+        RopeKv {
+            positions: &self.positions,
+            inv_freq: &self.inv_freq,
+            pairing: code,
+            q_heads: d.q_heads,
+            kv_heads: d.case.layout.kv_heads,
+        }
+    }
+}
+
+#[test]
+fn rope_kv_write_matches_its_twin_for_gqa_head_dims_and_biases() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    for (d, group, pairing, code) in decode_cases(23) {
+        let head_dim = d.case.layout.head_dim;
+        for bias in [false, true] {
+            let (want_q, want_k, want_v) = d.twin(bias);
+            let (dd, mut k, mut v) = DeviceDecode::new(&ops, &d);
+            let mut q = ops
+                .alloc::<f32>(d.contexts.len() * d.q_heads * head_dim)
+                .unwrap();
+            ops.rope_kv_write(
+                &mut q,
+                (&mut k, &mut v),
+                &dd.qkv,
+                bias.then_some(&dd.bias),
+                &dd.slots,
+                dd.rope(&d, code),
+            )
+            .unwrap();
+            let what = format!(
+                "rope_kv_write, head_dim {head_dim}, group {group}, {pairing:?}, bias {bias}"
+            );
+            close(&what, &ops.download(&q).unwrap(), &want_q, 1e-4);
+            // The whole cache: the written slots as the twin's, every other position (the
+            // padding query's slot included) untouched.
+            close_bf16(&what, &ops.download(&k).unwrap(), &want_k);
+            close_bf16(&what, &ops.download(&v).unwrap(), &want_v);
         }
     }
 }
@@ -289,86 +324,61 @@ fn rope_kv_write_matches_its_twin_for_gqa_head_dims_and_biases() {
 fn attention_with_the_kv_append_matches_rope_kv_write_then_attention() {
     let Some(dev) = device() else { return };
     let ops = ops(&dev);
-    let mut rng = StdRng::seed_from_u64(24);
-    for head_dim in [64, 128] {
-        for group in [1, 4, 8] {
-            for (pairing, code) in PAIRINGS {
-                let layout = KvLayout {
-                    block_size: 16,
-                    kv_heads: 2,
-                    head_dim,
-                };
-                let d = DecodeCase::new(&mut rng, layout, group, pairing);
-                let bias = group != 4; // with and without, across the cases
-                let (want_q, want_k, want_v) = d.twin(bias);
-                // Unsplit, split as the device asks, and 3 and 64 ways (a partition
-                // boundary next to the fresh position, and partitions past short contexts).
-                for partitions in [Some(1), None, Some(3), Some(64)] {
-                    let capacity = d.case.blocks * layout.block_size;
-                    let slots = ops.slots(&d.slots, capacity).unwrap();
-                    let mut k = ops.upload(&to_bf16(&d.case.k)).unwrap();
-                    let mut v = ops.upload(&to_bf16(&d.case.v)).unwrap();
-                    let n = d.contexts.len() * d.q_heads * head_dim;
-                    let (mut out, mut out16) =
-                        (ops.alloc::<f32>(n).unwrap(), ops.alloc::<u16>(n).unwrap());
-                    let (positions, inv_freq) = (
-                        ops.upload(&d.positions).unwrap(),
-                        ops.upload(d.rope.inv_freq()).unwrap(),
-                    );
-                    let (qkv, bias_dev) =
-                        (ops.upload(&d.qkv).unwrap(), ops.upload(&d.bias).unwrap());
-                    let query_seq: Vec<u32> = (0..d.contexts.len() as u32).collect();
-                    let target = d.case.target(d.q_heads, partitions);
-                    let mut index = ops
-                        .attention_index(
-                            &d.case.tables,
-                            d.case.max_blocks,
-                            &query_seq,
-                            &d.contexts,
-                            target,
-                        )
-                        .unwrap();
-                    let append = Append {
-                        qkv: &qkv,
-                        bias: bias.then_some(&bias_dev),
-                        rope: RopeKv {
-                            positions: &positions,
-                            inv_freq: &inv_freq,
-                            pairing: code,
-                            q_heads: d.q_heads,
-                            kv_heads: layout.kv_heads,
-                        },
-                        slots: &slots,
-                    };
-                    ops.paged_attention_append(
-                        &mut out,
-                        Some(&mut out16),
-                        (&mut k, &mut v),
-                        layout,
-                        &mut index,
-                        append,
-                    )
-                    .unwrap();
-                    let what = format!(
-                        "attention + append, head_dim {head_dim}, group {group}, {pairing:?}, \
-                         bias {bias}, {} partitions",
-                        index.partitions()
-                    );
-                    let (got_k, got_v) = (ops.download(&k).unwrap(), ops.download(&v).unwrap());
-                    close_bf16(&what, &got_k, &want_k);
-                    close_bf16(&what, &got_v, &want_v);
-                    // Attention over the cache as the kernel wrote it (a k rounded to the
-                    // twin's neighbour moves a logit by far more than the tolerance), with
-                    // the twin's rotated q. The padding query attends its stale position 0
-                    // from the values it rotated, not from the cache: skip its row.
-                    let want = d.attend(&want_q, &got_k, &got_v);
-                    let got = ops.download(&out).unwrap();
-                    let first = d.q_heads * head_dim;
-                    close(&what, &got[first..], &want[first..], GROUPED_TOLERANCE);
-                    // Rounded on the device from the same f32: the host's rounding exactly.
-                    assert_eq!(ops.download(&out16).unwrap(), to_bf16(&got), "{what}");
-                }
-            }
+    for (d, group, pairing, code) in decode_cases(24) {
+        let layout = d.case.layout;
+        let head_dim = layout.head_dim;
+        let bias = group != 4; // with and without, across the cases
+        let (want_q, want_k, want_v) = d.twin(bias);
+        // Unsplit, split as the device asks, and 3 and 64 ways (a partition boundary next
+        // to the fresh position, and partitions past short contexts).
+        for partitions in [Some(1), None, Some(3), Some(64)] {
+            let (dd, mut k, mut v) = DeviceDecode::new(&ops, &d);
+            let n = d.contexts.len() * d.q_heads * head_dim;
+            let (mut out, mut out16) = (ops.alloc::<f32>(n).unwrap(), ops.alloc::<u16>(n).unwrap());
+            let query_seq: Vec<u32> = (0..d.contexts.len() as u32).collect();
+            let target = d.case.target(d.q_heads, partitions);
+            let mut index = ops
+                .attention_index(
+                    &d.case.tables,
+                    d.case.max_blocks,
+                    &query_seq,
+                    &d.contexts,
+                    target,
+                )
+                .unwrap();
+            let append = Append {
+                qkv: &dd.qkv,
+                bias: bias.then_some(&dd.bias),
+                rope: dd.rope(&d, code),
+                slots: &dd.slots,
+            };
+            ops.paged_attention_append(
+                &mut out,
+                Some(&mut out16),
+                (&mut k, &mut v),
+                layout,
+                &mut index,
+                append,
+            )
+            .unwrap();
+            let what = format!(
+                "attention + append, head_dim {head_dim}, group {group}, {pairing:?}, \
+                 bias {bias}, {} partitions",
+                index.partitions()
+            );
+            let (got_k, got_v) = (ops.download(&k).unwrap(), ops.download(&v).unwrap());
+            close_bf16(&what, &got_k, &want_k);
+            close_bf16(&what, &got_v, &want_v);
+            // Attention over the cache as the kernel wrote it (a k rounded to the twin's
+            // neighbour moves a logit by far more than the tolerance), with the twin's
+            // rotated q. The padding query attends its stale position 0 from the values it
+            // rotated, not from the cache: skip its row.
+            let want = d.attend(&want_q, &got_k, &got_v);
+            let got = ops.download(&out).unwrap();
+            let first = d.q_heads * head_dim;
+            close(&what, &got[first..], &want[first..], GROUPED_TOLERANCE);
+            // Rounded on the device from the same f32: the host's rounding exactly.
+            assert_eq!(ops.download(&out16).unwrap(), to_bf16(&got), "{what}");
         }
     }
 }

@@ -50,6 +50,23 @@ pub(super) fn forced_decode(model: &CudaLlama, graphs: bool, steps: usize) -> Ve
     all
 }
 
+/// The largest difference between two runs' logits, row by row, as a share of the row's
+/// range (its largest magnitude, at least 1); each row must be within 1% (`what` names the
+/// run in the failure).
+pub(super) fn worst_within_a_percent(what: &str, want: &[Vec<f32>], got: &[Vec<f32>]) -> f32 {
+    let mut worst = 0.0f32;
+    for (row, (w, g)) in want.iter().zip(got).enumerate() {
+        let range = w.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1.0);
+        let diff = w
+            .iter()
+            .zip(g)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff <= 0.01 * range, "{what} row {row}: {diff} of {range}");
+        worst = worst.max(diff / range);
+    }
+    worst
+}
+
 #[test]
 fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
     let Some(dev) = device() else { return };
@@ -81,19 +98,7 @@ fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
             // attention output's bf16 rounding (o_proj's input) can land an ulp (2^-8)
             // apart here and there: logits move by well under 1% of their range, where a
             // wrong position, head or weight moves them by tens of percent.
-            let mut worst = 0.0f32;
-            for (row, (w, g)) in want.iter().zip(&got).enumerate() {
-                let range = w.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1.0);
-                let diff = w
-                    .iter()
-                    .zip(g)
-                    .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    diff <= 0.01 * range,
-                    "{fixture} graphs {graphs} row {row}: {diff} of {range}"
-                );
-                worst = worst.max(diff / range);
-            }
+            let worst = worst_within_a_percent(&format!("{fixture} graphs {graphs}"), &want, &got);
             say(format!(
                 "{fixture} (graphs {graphs}): grouped attention within {worst:.1e} of the legacy kernel's logits' range over {} rows",
                 want.len()

@@ -5,7 +5,7 @@
 
 use tessera_model::launch_plan::KernelPath;
 
-use super::attention::forced_decode;
+use super::attention::{forced_decode, worst_within_a_percent};
 use super::*;
 
 #[test]
@@ -46,19 +46,8 @@ fn the_fused_launches_match_the_legacy_ones_in_the_model() {
                 // reduction, the rotation's sin/cos in registers), so a bf16 input can land
                 // an ulp apart here and there: well under 1% of the logits' range, where a
                 // wrong bias, head, slot or rotation moves them by tens of percent.
-                let mut worst = 0.0f32;
-                for (row, (w, g)) in want.iter().zip(&got).enumerate() {
-                    let range = w.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1.0);
-                    let diff = w
-                        .iter()
-                        .zip(g)
-                        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-                    assert!(
-                        diff <= 0.01 * range,
-                        "{fixture} {kernel} graphs {graphs} row {row}: {diff} of {range}"
-                    );
-                    worst = worst.max(diff / range);
-                }
+                let what = format!("{fixture} {kernel} graphs {graphs}");
+                let worst = worst_within_a_percent(&what, &want, &got);
                 say(format!(
                     "{fixture} ({kernel} attention, graphs {graphs}): fused launches within {worst:.1e} of the legacy ones' logits' range over {} rows",
                     want.len()

@@ -237,12 +237,7 @@ impl Ops<'_> {
             append.slots.capacity * layout.kv_heads * hd,
             k_cache.len(),
         )?;
-        check(
-            "attention k cache",
-            index.cache_blocks * layout.block_len(),
-            k_cache.len(),
-        )?;
-        check("attention v cache", k_cache.len(), v_cache.len())?;
+        index.check_caches(layout, k_cache.len(), v_cache.len())?;
         let (k, _k) = k_cache.device_ptr_mut(&self.stream);
         let (v, _v) = v_cache.device_ptr_mut(&self.stream);
         let query = GroupedQuery::Append(append);

@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::{Ops, ROW_THREADS, Slots, check, rows, spread, u32_of};
+use super::{Ops, ROW_THREADS, Slots, check, gate_up_tokens, rows, spread, u32_of, whole_rows};
 use crate::cuda::CudaError;
 
 /// What `rope_kv_write` rotates with, and the heads of one token's q|k|v row.
@@ -21,7 +21,67 @@ pub struct RopeKv<'a> {
     pub kv_heads: usize,
 }
 
+/// Where an rmsnorm launch writes: the legacy kernel's f32 output, or the fused kernel's
+/// bf16 output with its f32 value when given.
+pub(super) enum NormOut<'b> {
+    F32(&'b mut CudaSlice<f32>),
+    Bf16(&'b mut CudaSlice<u16>, Option<&'b mut CudaSlice<f32>>),
+}
+
 impl Ops<'_> {
+    /// The launch of [`Ops::rmsnorm_residual`] (`rmsnorm_residual_f32`) and of
+    /// [`Ops::rmsnorm_residual_bf16`] (`rmsnorm_residual_bf16`), as `out` says: per token,
+    /// `residual += x` (if given), then `out = rmsnorm(residual) · weight`.
+    pub(super) fn rmsnorm(
+        &self,
+        out: NormOut<'_>,
+        residual: &mut CudaSlice<f32>,
+        x: Option<&CudaSlice<f32>>,
+        weight: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<(), CudaError> {
+        let hidden = weight.len();
+        let tokens = whole_rows("residual (a multiple of hidden)", residual.len(), hidden)?;
+        match &out {
+            NormOut::F32(out) => check("rmsnorm out", residual.len(), out.len())?,
+            NormOut::Bf16(out16, out32) => {
+                check("rmsnorm bf16 out", residual.len(), out16.len())?;
+                if let Some(out32) = out32 {
+                    check("rmsnorm f32 out", residual.len(), out32.len())?;
+                }
+            }
+        }
+        if let Some(x) = x {
+            check("rmsnorm x", residual.len(), x.len())?;
+        }
+        let h = u32_of("hidden", hidden)?;
+        let null: u64 = 0;
+        let config = rows(tokens, ROW_THREADS)?;
+        // The bf16 kernel's optional f32 output: its address (0 when absent) and the guard
+        // that orders it on this stream until the launch is enqueued.
+        let (out32, _out32);
+        let (entry, mut a) = match out {
+            NormOut::F32(out) => {
+                let mut a = self.builder("rmsnorm_residual_f32")?;
+                a.arg(out);
+                ("rmsnorm_residual_f32", a)
+            }
+            NormOut::Bf16(out16, f32_out) => {
+                (out32, _out32) = self.optional_out(f32_out);
+                let mut a = self.builder("rmsnorm_residual_bf16")?;
+                a.arg(out16).arg(&out32);
+                ("rmsnorm_residual_bf16", a)
+            }
+        };
+        a.arg(residual);
+        match x {
+            Some(x) => a.arg(x),
+            None => a.arg(&null),
+        };
+        a.arg(weight).arg(&h).arg(&eps);
+        self.run(entry, &mut a, config)
+    }
+
     /// Per token: `residual += x` (if given), then `out16 = bf16(rmsnorm(residual) ·
     /// weight)`, and `out32` the same before rounding when given (a quantized matvec's
     /// input). One launch where the legacy path makes two (`rmsnorm_residual_f32`,
@@ -35,34 +95,7 @@ impl Ops<'_> {
         weight: &CudaSlice<f32>,
         eps: f32,
     ) -> Result<(), CudaError> {
-        let hidden = weight.len();
-        if hidden == 0 || !residual.len().is_multiple_of(hidden) {
-            return Err(CudaError::Shape {
-                what: "residual (a multiple of hidden)",
-                expected: hidden,
-                actual: residual.len(),
-            });
-        }
-        check("rmsnorm bf16 out", residual.len(), out16.len())?;
-        if let Some(out32) = &out32 {
-            check("rmsnorm f32 out", residual.len(), out32.len())?;
-        }
-        if let Some(x) = x {
-            check("rmsnorm x", residual.len(), x.len())?;
-        }
-        let tokens = residual.len() / hidden;
-        let h = u32_of("hidden", hidden)?;
-        let null: u64 = 0;
-        let config = rows(tokens, ROW_THREADS)?;
-        let (out32, _out32) = self.optional_out(out32);
-        let mut a = self.builder("rmsnorm_residual_bf16")?;
-        a.arg(out16).arg(&out32).arg(residual);
-        match x {
-            Some(x) => a.arg(x),
-            None => a.arg(&null),
-        };
-        a.arg(weight).arg(&h).arg(&eps);
-        self.run("rmsnorm_residual_bf16", &mut a, config)
+        self.rmsnorm(NormOut::Bf16(out16, out32), residual, x, weight, eps)
     }
 
     /// Per token of the stacked q|k|v projection `qkv` (`tokens × (q_heads + 2 kv_heads)
@@ -132,14 +165,7 @@ impl Ops<'_> {
         gate_up: &CudaSlice<f32>,
         inter: usize,
     ) -> Result<(), CudaError> {
-        if inter == 0 || !gate_up.len().is_multiple_of(2 * inter) {
-            return Err(CudaError::Shape {
-                what: "gate_up (a multiple of 2 × inter)",
-                expected: 2 * inter,
-                actual: gate_up.len(),
-            });
-        }
-        let tokens = gate_up.len() / (2 * inter);
+        let tokens = gate_up_tokens(gate_up.len(), inter)?;
         check("silu_mul bf16 out", tokens * inter, out16.len())?;
         if let Some(out32) = &out32 {
             check("silu_mul f32 out", tokens * inter, out32.len())?;

@@ -21,6 +21,7 @@ mod paged;
 mod sampling;
 
 pub use attention::{Append, AttentionKernel};
+use fused::NormOut;
 pub use fused::RopeKv;
 pub use paged::{AttentionIndex, AttentionTarget, Slots};
 pub use sampling::SampleBuffers;
@@ -80,6 +81,25 @@ fn u32_of(what: &'static str, n: usize) -> Result<u32, CudaError> {
         expected: u32::MAX as usize,
         actual: n,
     })
+}
+
+/// `len / width`: `len` must be whole rows of a nonzero `width`, a [`CudaError::Shape`]
+/// naming `what` otherwise.
+fn whole_rows(what: &'static str, len: usize, width: usize) -> Result<usize, CudaError> {
+    if width == 0 || !len.is_multiple_of(width) {
+        return Err(CudaError::Shape {
+            what,
+            expected: width,
+            actual: len,
+        });
+    }
+    Ok(len / width)
+}
+
+/// Tokens of a `gate_up` of `len` values: rows of a gate and an up projection of `inter`
+/// values each.
+fn gate_up_tokens(len: usize, inter: usize) -> Result<usize, CudaError> {
+    whole_rows("gate_up (a multiple of 2 × inter)", len, 2 * inter)
 }
 
 /// A grid's y or z extent: at most 65,535 blocks.
@@ -196,17 +216,12 @@ impl<'a> Ops<'a> {
     ) -> Result<(), CudaError> {
         let tokens = ids.len();
         check("embedding out", tokens * hidden, out.len())?;
-        if hidden == 0 || !table.len().is_multiple_of(hidden) {
-            return Err(CudaError::Shape {
-                what: "embedding table (a multiple of hidden)",
-                expected: hidden,
-                actual: table.len(),
-            });
-        }
-        let (h, rows_n) = (
-            u32_of("hidden", hidden)?,
-            u32_of("rows", table.len() / hidden)?,
-        );
+        let table_rows = whole_rows(
+            "embedding table (a multiple of hidden)",
+            table.len(),
+            hidden,
+        )?;
+        let (h, rows_n) = (u32_of("hidden", hidden)?, u32_of("rows", table_rows)?);
         let config = rows(tokens, ROW_THREADS)?;
         let mut a = self.builder("embedding_gather_bf16")?;
         a.arg(out)
@@ -227,30 +242,7 @@ impl<'a> Ops<'a> {
         weight: &CudaSlice<f32>,
         eps: f32,
     ) -> Result<(), CudaError> {
-        let hidden = weight.len();
-        if hidden == 0 || !residual.len().is_multiple_of(hidden) {
-            return Err(CudaError::Shape {
-                what: "residual (a multiple of hidden)",
-                expected: hidden,
-                actual: residual.len(),
-            });
-        }
-        check("rmsnorm out", residual.len(), out.len())?;
-        if let Some(x) = x {
-            check("rmsnorm x", residual.len(), x.len())?;
-        }
-        let tokens = residual.len() / hidden;
-        let h = u32_of("hidden", hidden)?;
-        let null: u64 = 0;
-        let config = rows(tokens, ROW_THREADS)?;
-        let mut a = self.builder("rmsnorm_residual_f32")?;
-        a.arg(out).arg(residual);
-        match x {
-            Some(x) => a.arg(x),
-            None => a.arg(&null),
-        };
-        a.arg(weight).arg(&h).arg(&eps);
-        self.run("rmsnorm_residual_f32", &mut a, config)
+        self.rmsnorm(NormOut::F32(out), residual, x, weight, eps)
     }
 
     /// Rotates q (`tokens × q_heads × head_dim`) and k (`tokens × k_heads × head_dim`) in
@@ -296,14 +288,7 @@ impl<'a> Ops<'a> {
         gate_up: &CudaSlice<f32>,
         inter: usize,
     ) -> Result<(), CudaError> {
-        if inter == 0 || !gate_up.len().is_multiple_of(2 * inter) {
-            return Err(CudaError::Shape {
-                what: "gate_up (a multiple of 2 × inter)",
-                expected: 2 * inter,
-                actual: gate_up.len(),
-            });
-        }
-        let tokens = gate_up.len() / (2 * inter);
+        let tokens = gate_up_tokens(gate_up.len(), inter)?;
         check("silu_mul out", tokens * inter, out.len())?;
         let gate: CudaView<'_, f32> = gate_up.slice(..);
         let up: CudaView<'_, f32> = gate_up.slice(inter..);

@@ -61,6 +61,22 @@ impl AttentionIndex {
     pub fn partitions(&self) -> usize {
         self.partitions
     }
+
+    /// The caches' lengths against this index: each of its `cache_blocks` blocks of
+    /// `layout`.
+    pub(super) fn check_caches(
+        &self,
+        layout: KvLayout,
+        k_cache: usize,
+        v_cache: usize,
+    ) -> Result<(), CudaError> {
+        check(
+            "attention k cache",
+            self.cache_blocks * layout.block_len(),
+            k_cache,
+        )?;
+        check("attention v cache", k_cache, v_cache)
+    }
 }
 
 impl Ops<'_> {
@@ -302,12 +318,7 @@ impl Ops<'_> {
         if let Some(out16) = &out16 {
             check("attention bf16 out", q.len(), out16.len())?;
         }
-        check(
-            "attention k cache",
-            index.cache_blocks * layout.block_len(),
-            k_cache.len(),
-        )?;
-        check("attention v cache", k_cache.len(), v_cache.len())?;
+        index.check_caches(layout, k_cache.len(), v_cache.len())?;
         match (index.kernel, out16) {
             (AttentionKernel::Legacy, None) => self.legacy_attention(out, q, cache, layout, index),
             (AttentionKernel::Legacy, Some(_)) => Err(CudaError::Unsupported {
