@@ -16,14 +16,27 @@ pub const TEST_ADMIN_KEY: &str = "tessera-test-admin-key";
 
 /// `POST url` with a JSON body: the status and the JSON answer (errors included).
 pub fn post(url: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+    post_with(url, body, &[])
+}
+
+/// [`post`] with these headers too.
+pub fn post_with(
+    url: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, Value)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(120)))
         .build()
         .into();
-    let mut response = agent
+    let mut request = agent
         .post(url)
-        .header("Authorization", &format!("Bearer {TEST_API_KEY}"))
+        .header("Authorization", &format!("Bearer {TEST_API_KEY}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = request
         .send_json(body)
         .with_context(|| format!("POST {url}"))?;
     let status = response.status().as_u16();

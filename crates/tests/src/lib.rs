@@ -23,7 +23,9 @@ mod http;
 pub mod netns;
 pub mod up;
 
-pub use http::{SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, sse, token_ids};
+pub use http::{
+    SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, post_with, sse, token_ids,
+};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tessera_tests::{
-    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, metric, post, sse, token_ids,
+    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, metric, post, post_with, sse, token_ids,
 };
 
 /// The leader's id as peer `url` itself sees it (`?local=true`: not forwarded), and its
@@ -317,6 +317,74 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
         carried > 0.0,
         "no sequence went on from the shards' KV: all {recomputed} were recomputed\n{}",
         cluster.logs()
+    );
+}
+
+/// A non-streamed request whose leader dies under it: the client retries with the same
+/// `Idempotency-Key` on another peer and gets the journaled request's whole result, the
+/// tokens a run without the fault gives, not a second run of it.
+#[test]
+fn a_non_streamed_request_retried_with_its_idempotency_key_after_a_failover_gets_its_result() {
+    const TOKENS: usize = 40;
+    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
+    let (mut cluster, urls) =
+        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
+            .expect("cluster starts");
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let leader = wait_for_leader(&all, None, Duration::from_secs(20));
+    let prompt = vec![4, 7, 1, 9];
+    let reference = references(all[0], std::slice::from_ref(&prompt), TOKENS).remove(0);
+    let body = json!({
+        "model": "m", "prompt": prompt, "max_tokens": TOKENS,
+        "temperature": 0, "ignore_eos": true, "return_token_ids": true,
+    });
+    let key = [("Idempotency-Key", "failover-retry-1")];
+    let url = format!("{}/v1/completions", urls[leader as usize - 1]);
+    let first = {
+        let (url, body) = (url.clone(), body.clone());
+        std::thread::spawn(move || post_with(&url, &body, &key))
+    };
+    let sent = std::time::SystemTime::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
+    let lost = first.join().expect("client thread");
+    assert!(
+        !matches!(lost, Ok((200, _))),
+        "the request finished before the leader was killed"
+    );
+    let other = urls
+        .iter()
+        .enumerate()
+        .find(|(i, _)| *i as u64 + 1 != leader)
+        .map(|(_, u)| format!("{u}/v1/completions"))
+        .expect("another peer");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        match post_with(&other, &body, &key) {
+            Ok((200, answer)) => break answer,
+            Ok((status, answer)) if status == 503 || status == 429 => {
+                assert!(Instant::now() < deadline, "still {status}: {answer}");
+            }
+            other => panic!("the retry failed: {other:?}\n{}", cluster.logs()),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let tokens = token_ids(&answer).expect("token ids");
+    assert_eq!(
+        tokens, reference,
+        "the retry's tokens differ from a run without the fault"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    // Answered from the journal: the request is the one accepted before the kill, not a
+    // second run of it (which would be created now, 1.5 s or more later).
+    let sent_s = sent
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    assert_eq!(
+        answer["created"].as_u64(),
+        Some(sent_s),
+        "the retry ran the request again: {answer}"
     );
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 use tessera_model::chat::{ChatMessage, ChatTemplateError};
@@ -19,6 +20,7 @@ use tessera_model::chat::{ChatMessage, ChatTemplateError};
 use super::auth::Caller;
 use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
+use super::idempotency;
 use super::params::{Endpoint, ParamsSpec, encode};
 use super::respond::respond;
 use super::types::Fields;
@@ -27,6 +29,7 @@ use super::{ApiJson, ApiState, ServedModel};
 pub(crate) async fn create_chat_completion(
     State(state): State<Arc<ApiState>>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body);
@@ -38,10 +41,11 @@ pub(crate) async fn create_chat_completion(
     let model = state.model(&model_name)?;
     let params = spec.validate(model)?;
     caller.check_priority(params.priority)?;
+    let id = idempotency::response_id(&headers, "chatcmpl")?;
     state.engine.admission(&model.name)?;
     let text = render(model, &messages, add_generation_prompt)?;
     let prompt = encode(model, text, false, "messages").await?;
-    respond(&state, model, &params, prompt, None, "chatcmpl", ChatShape).await
+    respond(&state, model, &params, prompt, None, id, ChatShape).await
 }
 
 /// Fields that would change the answer if ignored.

@@ -9,12 +9,14 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::auth::Caller;
 use super::choice::{ChoicePart, Meta, Shape};
 use super::error::ApiError;
+use super::idempotency;
 use super::params::{Endpoint, ParamsSpec, check_token_id, encode};
 use super::respond::respond;
 use super::types::{Fields, PromptSpec};
@@ -26,6 +28,7 @@ const DEFAULT_MAX_TOKENS: u32 = 16;
 pub(crate) async fn create_completion(
     State(state): State<Arc<ApiState>>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<Map<String, Value>>,
 ) -> Result<Response, ApiError> {
     let mut f = Fields::new(body);
@@ -36,6 +39,7 @@ pub(crate) async fn create_completion(
     let model = state.model(&model_name)?;
     let params = spec.validate(model)?;
     caller.check_priority(params.priority)?;
+    let id = idempotency::response_id(&headers, "cmpl")?;
     state.engine.admission(&model.name)?;
     let prompt = prompt_ids(model, prompt).await?;
     respond(
@@ -44,7 +48,7 @@ pub(crate) async fn create_completion(
         &params,
         prompt,
         Some(DEFAULT_MAX_TOKENS),
-        "cmpl",
+        id,
         CompletionShape,
     )
     .await

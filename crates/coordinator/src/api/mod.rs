@@ -34,6 +34,7 @@ mod choice;
 mod completions;
 mod detok;
 mod error;
+mod idempotency;
 mod ids;
 mod limits;
 pub mod listen;

@@ -23,10 +23,11 @@ use tracing::Span;
 use super::choice::{ChoicePart, Meta, Shape, Usage, envelope, record_done};
 use super::detok::{TextStep, TextStream};
 use super::error::ApiError;
+use super::idempotency::{self, ResponseId};
 use super::params::Params;
 use super::stream as sse;
-use super::{ApiState, ServedModel, ids};
-use crate::engine::{TokenLogprobs, TokenStream};
+use super::{ApiState, ServedModel, ids, resume};
+use crate::engine::{GenerateRequest, TokenLogprobs, TokenStream};
 use crate::metrics as names;
 
 /// Starts one sequence per choice and answers with `shape`: SSE when the request streams.
@@ -36,14 +37,27 @@ pub(crate) async fn respond(
     params: &Params,
     prompt: Vec<u32>,
     default_max_tokens: Option<u32>,
-    id_prefix: &str,
+    id: ResponseId,
     shape: impl Shape,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let id = format!("{id_prefix}-{}", ids::random_hex()?);
+    let ResponseId { id, keyed } = id;
+    if keyed && params.n > 1 {
+        return Err(ApiError::invalid(
+            "n",
+            "an Idempotency-Key is for requests of one choice (n = 1)",
+        ));
+    }
     let span = Span::current();
     span.record("request_id", id.as_str());
     span.record("model", model.name.as_str());
+    if keyed {
+        let request = params.request(model, prompt.clone(), default_max_tokens, 0)?;
+        if let Some(response) = replay_journaled(state, &id, &request, params.stream, start).await?
+        {
+            return Ok(response);
+        }
+    }
     let mut streams = Vec::with_capacity(params.n as usize);
     for index in 0..params.n {
         let request = params.request(model, prompt.clone(), default_max_tokens, index)?;
@@ -51,7 +65,15 @@ pub(crate) async fn respond(
             0 => id.clone(),
             i => format!("{id}/{i}"),
         };
-        streams.push(state.engine.generate(key, request).await?);
+        match state.engine.generate(key, request.clone()).await {
+            Ok(stream) => streams.push(stream),
+            // A retry that raced the first submission: that one is journaled now.
+            Err(error) if keyed => {
+                let replayed = replay_journaled(state, &id, &request, params.stream, start).await?;
+                return replayed.ok_or_else(|| error.into());
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
     let meta = Meta {
         id,
@@ -76,6 +98,26 @@ pub(crate) async fn respond(
         response.headers_mut().insert(REQUEST_ID, value);
     }
     Ok(response)
+}
+
+/// The answer to a retried submission whose request `id` the journal holds (`None` when it
+/// does not): the same request again, from its first token.
+async fn replay_journaled(
+    state: &ApiState,
+    id: &str,
+    request: &GenerateRequest,
+    stream: bool,
+    start: Instant,
+) -> Result<Option<Response>, ApiError> {
+    let Some(resumed) = state.engine.resume(id.to_string()).await? else {
+        return Ok(None);
+    };
+    idempotency::check_same(&resumed.request, request)?;
+    let mut response = resume::replay(state, id.to_string(), resumed, 0, stream, start).await?;
+    if let Some(value) = request_id_header(id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    Ok(Some(response))
 }
 
 /// The response header naming the request (its journal id, which `GET /v1/streams/{id}`

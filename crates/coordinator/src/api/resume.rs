@@ -30,6 +30,7 @@ use super::completions::CompletionShape;
 use super::error::{ApiError, ApiErrorKind};
 use super::respond;
 use super::stream::{parse_event_id, sse};
+use crate::engine::Resumed;
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ResumeQuery {
@@ -65,6 +66,19 @@ pub(crate) async fn resume(
             format!("no request `{id}` in the journal (never accepted, or expired)"),
         ));
     };
+    replay(&state, id, resumed, from, stream, start).await
+}
+
+/// Answers with journaled request `id` from completion token `from` on: as the original
+/// endpoint's events, or its whole body when `stream` is false.
+pub(crate) async fn replay(
+    state: &ApiState,
+    id: String,
+    resumed: Resumed,
+    from: usize,
+    stream: bool,
+    start: Instant,
+) -> Result<Response, ApiError> {
     let model = state.model(&resumed.request.model)?;
     let stop = Arc::from(resumed.request.stop);
     let response_id = id.split('/').next().unwrap_or(&id).to_string();

@@ -5,6 +5,7 @@
 // Each test file uses a different part of these helpers.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,11 +16,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tessera_comm::proto::{Epoch, FinishReason, WireError};
+use tessera_comm::proto::{Epoch, ErrorClass, FinishReason, WireError};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ShardStatus, TokenEvent,
-    TokenLogprobs, TokenStream,
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, Resumed, ShardStatus,
+    TokenEvent, TokenLogprobs, TokenStream,
 };
 use tessera_model::chat::ChatTemplate;
 use tessera_model::tokenizer::Tokenizer;
@@ -57,6 +58,8 @@ pub struct MockEngine {
     /// Streams of `Script(_, None)` dropped by the API.
     pub cancelled: Arc<AtomicUsize>,
     pub cancel_notify: Arc<Notify>,
+    /// Requests by id, as a journal holds them: an id is started once, then resumed.
+    pub journal: Mutex<HashMap<String, GenerateRequest>>,
 }
 
 impl MockEngine {
@@ -73,6 +76,7 @@ impl MockEngine {
             requests: Mutex::new(Vec::new()),
             cancelled: Arc::new(AtomicUsize::new(0)),
             cancel_notify: Arc::new(Notify::new()),
+            journal: Mutex::new(HashMap::new()),
         }
     }
 
@@ -105,37 +109,8 @@ impl MockEngine {
             });
     }
 
-    fn send_tokens(
-        tx: &tokio::sync::mpsc::UnboundedSender<Result<TokenEvent, WireError>>,
-        request: &GenerateRequest,
-        tokens: &[u32],
-        finish: Option<FinishReason>,
-    ) {
-        let last = tokens.len().saturating_sub(1);
-        for (i, &token) in tokens.iter().enumerate() {
-            let logprobs = request.sampling.logprobs.map(|k| TokenLogprobs {
-                logprob: -0.25,
-                top: (0..u32::from(k))
-                    .map(|t| (t + 3, -1.0 - t as f32))
-                    .collect(),
-            });
-            let finish = if i == last { finish } else { None };
-            let _ = tx.send(Ok(TokenEvent {
-                token,
-                logprobs,
-                finish,
-            }));
-        }
-    }
-}
-
-impl Engine for MockEngine {
-    fn generate(
-        &self,
-        _id: String,
-        request: GenerateRequest,
-    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
-        self.requests.lock().unwrap().push(request.clone());
+    /// The reply to `request`, as told.
+    fn answer(&self, request: GenerateRequest) -> BoxFuture<'_, Result<TokenStream, WireError>> {
         let reply = self.reply.clone();
         let cancelled = Arc::clone(&self.cancelled);
         let notify = Arc::clone(&self.cancel_notify);
@@ -164,6 +139,72 @@ impl Engine for MockEngine {
                 Reply::Fail(error) => return Err(error),
             }
             Ok(rx)
+        })
+    }
+
+    /// Journals `id`; an error when it was journaled already.
+    fn journal_once(&self, id: String, request: &GenerateRequest) -> Option<WireError> {
+        let mut journal = self.journal.lock().unwrap();
+        if journal.contains_key(&id) {
+            return Some(WireError {
+                class: ErrorClass::InvalidRequest,
+                message: format!("request {id} is journaled already"),
+                rank: None,
+            });
+        }
+        journal.insert(id, request.clone());
+        None
+    }
+
+    fn send_tokens(
+        tx: &tokio::sync::mpsc::UnboundedSender<Result<TokenEvent, WireError>>,
+        request: &GenerateRequest,
+        tokens: &[u32],
+        finish: Option<FinishReason>,
+    ) {
+        let last = tokens.len().saturating_sub(1);
+        for (i, &token) in tokens.iter().enumerate() {
+            let logprobs = request.sampling.logprobs.map(|k| TokenLogprobs {
+                logprob: -0.25,
+                top: (0..u32::from(k))
+                    .map(|t| (t + 3, -1.0 - t as f32))
+                    .collect(),
+            });
+            let finish = if i == last { finish } else { None };
+            let _ = tx.send(Ok(TokenEvent {
+                token,
+                logprobs,
+                finish,
+            }));
+        }
+    }
+}
+
+impl Engine for MockEngine {
+    fn generate(
+        &self,
+        id: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<TokenStream, WireError>> {
+        self.requests.lock().unwrap().push(request.clone());
+        if let Some(error) = self.journal_once(id, &request) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        self.answer(request)
+    }
+
+    fn resume(&self, id: String) -> BoxFuture<'_, Result<Option<Resumed>, WireError>> {
+        let journaled = self.journal.lock().unwrap().get(&id).cloned();
+        Box::pin(async move {
+            let Some(request) = journaled else {
+                return Ok(None);
+            };
+            let tokens = self.answer(request.clone()).await?;
+            Ok(Some(Resumed {
+                request,
+                accepted_ms: 1_700_000_000_000,
+                tokens,
+            }))
         })
     }
 
