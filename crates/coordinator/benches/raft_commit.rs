@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use tessera_comm::proto::Sampling;
 use tessera_coordinator::engine::GenerateRequest;
+use tessera_coordinator::replication::node::NodeHandle;
 use tessera_coordinator::replication::state::Command;
 
 // The benchmark uses only part of the peers' harness.
@@ -48,17 +49,23 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn measure(count: usize, entries: usize) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut peers = peers::Peers::start(count, dir.path());
+/// `count` peers with their logs in `dir`, and their leader once 20 entries have warmed up
+/// the connections.
+async fn warmed_up(count: usize, dir: &std::path::Path) -> (peers::Peers, NodeHandle) {
+    let peers = peers::Peers::start(count, dir);
     let leader = peers.node(peers.leader().await);
-    // Warm up the connections.
     for i in 0..20 {
         leader
             .propose(accept(i), Duration::from_secs(5))
             .await
             .expect("committed");
     }
+    (peers, leader)
+}
+
+async fn measure(count: usize, entries: usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut peers, leader) = warmed_up(count, dir.path()).await;
     let mut times = Vec::with_capacity(entries);
     for i in 0..entries {
         let started = Instant::now();
@@ -81,14 +88,7 @@ async fn measure(count: usize, entries: usize) {
 /// Proposals due at `rate` per second for `seconds`, each timed from its due time.
 async fn measure_paced(count: usize, rate: f64, seconds: f64) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut peers = peers::Peers::start(count, dir.path());
-    let leader = peers.node(peers.leader().await);
-    for i in 0..20 {
-        leader
-            .propose(accept(i), Duration::from_secs(5))
-            .await
-            .expect("committed");
-    }
+    let (mut peers, leader) = warmed_up(count, dir.path()).await;
     let total = (rate * seconds) as usize;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(total);

@@ -271,15 +271,19 @@ fn resilient_stream(urls: &[String], first: usize, body: &Value) -> (Vec<u32>, u
     (tokens, reconnects)
 }
 
+/// Three coordinator peers and a tp = 2 group whose steps are slow (60 ms), so that a fault
+/// lands in the middle of a generation.
+fn slow_three_peers() -> (Cluster, Vec<String>) {
+    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
+    Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
+        .expect("cluster starts")
+}
+
 #[test]
 fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate() {
     const STREAMS: usize = 16;
     const TOKENS: usize = 40;
-    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    // Slow steps, so that the leader dies in the middle of the streams.
-    let (mut cluster, urls) =
-        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
-            .expect("cluster starts");
+    let (mut cluster, urls) = slow_three_peers();
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
     let leader = wait_for_leader(&all, None, Duration::from_secs(20));
     let prompts: Vec<Vec<u32>> = (0..STREAMS as u32)
@@ -326,10 +330,7 @@ fn streams_survive_the_leader_being_killed_and_resume_without_gap_or_duplicate()
 #[test]
 fn a_non_streamed_request_retried_with_its_idempotency_key_after_a_failover_gets_its_result() {
     const TOKENS: usize = 40;
-    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    let (mut cluster, urls) =
-        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
-            .expect("cluster starts");
+    let (mut cluster, urls) = slow_three_peers();
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
     let leader = wait_for_leader(&all, None, Duration::from_secs(20));
     let prompt = vec![4, 7, 1, 9];
@@ -392,10 +393,7 @@ fn a_non_streamed_request_retried_with_its_idempotency_key_after_a_failover_gets
 fn accepted_requests_resume_after_every_coordinator_restarts_from_disk() {
     const STREAMS: usize = 4;
     const TOKENS: usize = 40;
-    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    let (mut cluster, urls) =
-        Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
-            .expect("cluster starts");
+    let (mut cluster, urls) = slow_three_peers();
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
     wait_for_leader(&all, None, Duration::from_secs(20));
     let prompts: Vec<Vec<u32>> = (0..STREAMS as u32).map(|i| vec![5 + i, 2, 8]).collect();
