@@ -107,15 +107,11 @@ pub enum CoordinatorError {
     MembershipNotCommitted { source: ProposalError },
 
     // Forwarding to the leader.
-    #[error("the leader's address {target} is not usable: {source}")]
-    LeaderAddress {
-        target: String,
-        source: axum::http::uri::InvalidUri,
-    },
-    #[error("forwarding to the leader at http://{target} failed: {source}")]
+    #[error("forwarding to the leader (peer {leader}, QUIC address {quic}) failed: {reason}")]
     ForwardFailed {
-        target: String,
-        source: hyper_util::client::legacy::Error,
+        leader: PeerId,
+        quic: String,
+        reason: String,
     },
 
     // Shard registration.
@@ -171,7 +167,6 @@ impl CoordinatorError {
             | E::EndedUnfinished { .. }
             | E::StoppedOnPeer
             | E::MembershipNotCommitted { .. }
-            | E::LeaderAddress { .. }
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }
             | E::TooLarge { .. }

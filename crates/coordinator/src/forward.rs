@@ -1,40 +1,32 @@
 //! Followers forward API calls to the leader. A coordinator peer that does not lead sends
 //! generation requests, `/ready` and `/v1/cluster` (the groups live on the leader; add
-//! `?local=true` for this peer's own view) to the leader's HTTP address as they are, and
-//! streams the answer back, so a client may use any peer. While an election is under way
-//! it waits for a leader for up to [`crate::leader::ELECTION_WAIT`]; a call that was forwarded once is
+//! `?local=true` for this peer's own view) to the leader as they are, and streams the
+//! answer back, so a client may use any peer. While an election is under way it waits for
+//! a leader for up to [`crate::leader::ELECTION_WAIT`]; a call that was forwarded once is
 //! never forwarded again (it is answered here: 503 naming the leader).
 //!
-//! A leader that cannot be reached fails the call within [`CONNECT_TIMEOUT`] (503), and TCP
-//! keep-alive probes find a leader that vanished under a forwarded stream. The call crosses
-//! in plain HTTP, as the client sent it: keep the peers' HTTP addresses on a private
-//! network, or give clients the leader's address.
+//! Calls cross over the peers' QUIC connections, under mutual TLS with the cluster's
+//! certificates ([`tunnel`]): a client's API key never crosses between peers in
+//! plaintext, and only a peer of the cluster can forward. A leader that cannot be reached
+//! fails the call within [`tunnel::CONNECT_TIMEOUT`] (503).
 
-use std::time::Duration;
+pub mod tunnel;
+
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, Uri};
+use axum::http::Uri;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tessera_comm::proto::WireError;
+use tessera_topology::PeerId;
 use tracing::debug;
 
 use crate::api::ApiError;
 use crate::error::CoordinatorError;
 use crate::leader::{Leader, Leadership};
-
-/// A leader that does not accept the connection within this is treated as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Idle time before TCP keep-alive probes start on a forwarding connection.
-const KEEPALIVE: Duration = Duration::from_secs(10);
-
-/// Set on a forwarded call: the id of the peer that forwarded it.
-pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-tessera-forwarded-by");
+use tunnel::{ForwardedBy, LeaderLink};
 
 /// Calls that only the leader can answer.
 fn leader_only(path: &str, query: Option<&str>) -> bool {
@@ -49,26 +41,23 @@ fn leader_only(path: &str, query: Option<&str>) -> bool {
 #[derive(Clone, Debug)]
 pub struct Forwarder {
     leadership: Leadership,
-    client: Client<HttpConnector, Body>,
+    link: Arc<LeaderLink>,
 }
 
 impl Forwarder {
-    pub fn new(leadership: Leadership) -> Forwarder {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_keepalive(Some(KEEPALIVE));
-        connector.set_nodelay(true);
+    /// Forwards over `endpoint`, this peer's QUIC endpoint.
+    pub fn new(leadership: Leadership, endpoint: quinn::Endpoint) -> Forwarder {
         Forwarder {
             leadership,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            link: Arc::new(LeaderLink::new(endpoint)),
         }
     }
 
-    /// The leader's HTTP address when another peer leads; `None` to answer here. Waits
-    /// for an election under way.
-    async fn target(&self) -> Option<String> {
+    /// The leader's id and QUIC address when another peer leads; `None` to answer here.
+    /// Waits for an election under way.
+    async fn target(&self) -> Option<(PeerId, String)> {
         match self.leadership.leader_soon().await {
-            Leader::Other { http, .. } => Some(http),
+            Leader::Other { id, quic, .. } => Some((id, quic)),
             Leader::This(_) | Leader::Unknown => None,
         }
     }
@@ -77,13 +66,14 @@ impl Forwarder {
 /// The middleware: forwards leader-only calls when another peer leads.
 pub async fn forward(State(f): State<Forwarder>, request: Request, next: Next) -> Response {
     let uri = request.uri();
-    if !leader_only(uri.path(), uri.query()) || request.headers().contains_key(&FORWARDED_BY) {
+    if !leader_only(uri.path(), uri.query()) || request.extensions().get::<ForwardedBy>().is_some()
+    {
         return next.run(request).await;
     }
-    let Some(target) = f.target().await else {
+    let Some((leader, quic)) = f.target().await else {
         return next.run(request).await;
     };
-    match proxy(&f, request, &target).await {
+    match proxy(&f, request, leader, &quic).await {
         Ok(response) => response,
         Err(error) => ApiError::from(WireError::from(error)).into_response(),
     }
@@ -92,32 +82,18 @@ pub async fn forward(State(f): State<Forwarder>, request: Request, next: Next) -
 async fn proxy(
     f: &Forwarder,
     mut request: Request,
-    target: &str,
+    leader: PeerId,
+    quic: &str,
 ) -> Result<Response, CoordinatorError> {
-    let path = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    let uri: Uri = format!("http://{target}{path}").parse().map_err(|source| {
-        CoordinatorError::LeaderAddress {
-            target: target.to_string(),
-            source,
-        }
-    })?;
-    debug!(%uri, "forwarding to the leader");
-    *request.uri_mut() = uri;
-    let headers = request.headers_mut();
-    headers.remove(axum::http::header::HOST);
-    headers.insert(FORWARDED_BY, HeaderValue::from(f.leadership.id().0));
-    let response =
-        f.client
-            .request(request)
-            .await
-            .map_err(|source| CoordinatorError::ForwardFailed {
-                target: target.to_string(),
-                source,
-            })?;
+    // The tunnel leads to the leader itself: the target is the path alone.
+    let mut parts = request.uri().clone().into_parts();
+    parts.scheme = None;
+    parts.authority = None;
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
+    }
+    debug!(leader = leader.0, uri = %request.uri(), "forwarding to the leader");
+    let response = f.link.send(leader, quic, request).await?;
     Ok(response.map(Body::new))
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_comm::proto::{FinishReason, Term, WireError};
-use tessera_topology::{PeerId, Topology};
+use tessera_topology::{CoordinatorPeer, PeerId, Topology};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -29,7 +29,7 @@ use crate::error::CoordinatorError;
 use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, ModelRecord};
+use crate::replication::state::{Command, Journaled, Member, ModelRecord};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
@@ -63,8 +63,12 @@ struct Leading {
 pub enum Leader {
     /// This peer: its groups.
     This(Cluster),
-    /// Another peer, at this HTTP address.
-    Other { id: PeerId, http: String },
+    /// Another peer, at these addresses.
+    Other {
+        id: PeerId,
+        http: String,
+        quic: String,
+    },
     /// No leader within [`ELECTION_WAIT`].
     Unknown,
 }
@@ -199,7 +203,8 @@ impl Leadership {
                 return Leader::This(cluster);
             }
             if let Some((id, http)) = self.other_leader() {
-                return Leader::Other { id, http };
+                let quic = self.quic_of(id).unwrap_or_default();
+                return Leader::Other { id, http, quic };
             }
             if Instant::now() >= deadline {
                 return Leader::Unknown;
@@ -228,14 +233,28 @@ impl Leadership {
     }
 
     fn http_of(&self, id: PeerId) -> Option<String> {
+        self.address_of(id, |m| m.http.clone(), |c| c.http.to_string())
+    }
+
+    fn quic_of(&self, id: PeerId) -> Option<String> {
+        self.address_of(id, |m| m.quic.clone(), |c| c.quic.to_string())
+    }
+
+    /// An address of peer `id`: as it announced itself, or else as the topology lists it.
+    fn address_of(
+        &self,
+        id: PeerId,
+        announced: impl Fn(&Member) -> String,
+        listed: impl Fn(&CoordinatorPeer) -> String,
+    ) -> Option<String> {
         if let Some(member) = self.node.summary().borrow().members.get(&id) {
-            return Some(member.http.clone());
+            return Some(announced(member));
         }
         self.topology
             .coordinators
             .iter()
             .find(|c| c.id == id)
-            .map(|c| c.http.to_string())
+            .map(listed)
     }
 
     /// Why this peer cannot take a request: another leads, or none does yet.

@@ -286,11 +286,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         journal_limits,
         announce,
     );
-    tokio::spawn(server::accept_loop(
-        endpoint.clone(),
-        topology,
-        leadership.clone(),
-    ));
 
     let listener = tokio::net::TcpListener::bind(http_addr)
         .await
@@ -303,7 +298,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "coordinator started"
     );
     raise_open_files(conn_limits.max_connections);
-    let app = http_app(models, api_keys, api_limits, leadership, metrics_handle);
+    let app = http_app(
+        models,
+        api_keys,
+        api_limits,
+        leadership.clone(),
+        &endpoint,
+        metrics_handle,
+    );
+    tokio::spawn(server::accept_loop(
+        endpoint.clone(),
+        topology,
+        leadership,
+        forward::tunnel::serve(app.clone()),
+    ));
     listen::serve(listener, app, conn_limits, shutdown_signal()).await;
     endpoint.close(0u32.into(), b"coordinator stopping");
     // What it acknowledged is on disk already; this only ends the thread.
@@ -431,6 +439,7 @@ fn http_app(
     api_keys: ApiKeys,
     limits: ApiLimits,
     leadership: Leadership,
+    endpoint: &quinn::Endpoint,
     metrics_handle: Option<PrometheusHandle>,
 ) -> axum::Router {
     let mut app = api::router(ApiState {
@@ -440,7 +449,7 @@ fn http_app(
         limits,
     })
     .layer(axum::middleware::from_fn_with_state(
-        Forwarder::new(leadership),
+        Forwarder::new(leadership, endpoint.clone()),
         forward::forward,
     ));
     if let Some(handle) = metrics_handle {

@@ -1,5 +1,6 @@
 //! The control endpoint (QUIC, mutual TLS). A coordinator peer's connection carries Raft
-//! messages ([`crate::replication::transport`]). A shard's registration is checked against
+//! messages ([`crate::replication::transport`]) and the API calls it forwards to this one
+//! ([`crate::forward::tunnel`]). A shard's registration is checked against
 //! the certificate's identity and the topology and, on the leader, handed to the group's
 //! driver; a follower answers `NotLeader` with the leader it knows. Anything else is
 //! refused with a reason.
@@ -15,7 +16,7 @@ use tracing::{info, warn};
 use crate::error::CoordinatorError;
 use crate::group::ShardLink;
 use crate::leader::Leadership;
-use crate::replication::transport;
+use crate::replication::transport::{self, HttpStreams};
 
 /// A registration must arrive this soon after the handshake.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,13 +26,15 @@ pub async fn accept_loop(
     endpoint: quinn::Endpoint,
     topology: std::sync::Arc<Topology>,
     leadership: Leadership,
+    forwarded: HttpStreams,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let topology = std::sync::Arc::clone(&topology);
         let leadership = leadership.clone();
+        let forwarded = std::sync::Arc::clone(&forwarded);
         tokio::spawn(async move {
             let remote = incoming.remote_address();
-            if let Err(reason) = handle(incoming, &topology, &leadership).await {
+            if let Err(reason) = handle(incoming, &topology, &leadership, forwarded).await {
                 warn!(%remote, reason, "connection refused");
             }
         });
@@ -42,6 +45,7 @@ async fn handle(
     incoming: quinn::Incoming,
     topology: &Topology,
     leadership: &Leadership,
+    forwarded: HttpStreams,
 ) -> Result<(), String> {
     let connection = incoming
         .await
@@ -55,7 +59,7 @@ async fn handle(
     if let Identity::Coordinator(peer) = identity
         && peer != leadership.id()
     {
-        transport::serve_inbound(connection, peer, leadership.node()).await;
+        transport::serve_inbound(connection, peer, leadership.node(), forwarded).await;
         return Ok(());
     }
     let (mut send, mut recv) = tokio::time::timeout(REGISTER_TIMEOUT, connection.accept_bi())

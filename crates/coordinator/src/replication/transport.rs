@@ -36,7 +36,18 @@ pub enum PeerMsg {
     /// The next bytes of a Raft message too large for one frame; the message ends with a
     /// [`PeerMsg::Raft`] frame holding its last bytes.
     Part(Vec<u8>),
+    /// The first frame of a stream that carries no Raft: after it, the stream carries one
+    /// HTTP/1.1 exchange, an API call forwarded to the leader ([`HttpStreams`]).
+    Http,
 }
+
+/// [`PeerMsg::Http`] streams one peer may have open on its connection to another at once,
+/// besides the Raft streams ([`quic::MAX_CONCURRENT_BIDI_STREAMS`]): its forwarded calls.
+pub const HTTP_STREAMS_AT_ONCE: u32 = 4096;
+
+/// Where a peer's [`PeerMsg::Http`] streams go, with the id of the peer that opened them
+/// (its certificate's).
+pub type HttpStreams = Arc<dyn Fn(PeerId, quinn::SendStream, quinn::RecvStream) + Send + Sync>;
 
 /// The most bytes of a Raft message one frame carries.
 pub const PART_BYTES: usize = 4 << 20;
@@ -284,6 +295,7 @@ impl Joiner {
         let (bytes, last) = match frame {
             PeerMsg::Part(bytes) => (bytes, false),
             PeerMsg::Raft(bytes) => (bytes, true),
+            PeerMsg::Http => return Err("an HTTP exchange inside a raft stream".into()),
         };
         if self.parts.len() + bytes.len() > self.limit {
             return Err(format!("a raft message of more than {} bytes", self.limit));
@@ -301,39 +313,64 @@ impl Joiner {
     }
 }
 
-/// Reads Raft messages from coordinator peer `from` until the connection closes.
-pub async fn serve_inbound(connection: quinn::Connection, from: PeerId, node: NodeHandle) {
-    while let Ok((_send, mut recv)) = connection.accept_bi().await {
+/// Reads the streams coordinator peer `from` opens, until the connection closes: Raft
+/// messages go to `node`, and a stream that starts with [`PeerMsg::Http`] to `http`.
+pub async fn serve_inbound(
+    connection: quinn::Connection,
+    from: PeerId,
+    node: NodeHandle,
+    http: HttpStreams,
+) {
+    connection.set_max_concurrent_bi_streams(quinn::VarInt::from_u32(
+        quic::MAX_CONCURRENT_BIDI_STREAMS + HTTP_STREAMS_AT_ONCE,
+    ));
+    while let Ok((send, recv)) = connection.accept_bi().await {
         let node = node.clone();
-        tokio::spawn(async move {
-            let mut joiner = Joiner::new(MAX_MESSAGE_BYTES);
-            loop {
-                let frame = wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await;
-                let frame = match frame {
-                    Ok(Some(frame)) => frame,
-                    Ok(None) => return,
-                    Err(error) => {
-                        warn!(from = from.0, %error, "bad frame from coordinator peer");
-                        return;
-                    }
-                };
-                let bytes = match joiner.push(frame) {
-                    Ok(Some(bytes)) => bytes,
-                    Ok(None) => continue,
-                    Err(reason) => {
-                        warn!(from = from.0, reason, "raft message dropped");
-                        return;
-                    }
-                };
-                match decode(&bytes, from.0) {
-                    Ok(message) => node.receive(message),
-                    Err(reason) => {
-                        warn!(from = from.0, reason, "raft message dropped");
-                        return;
-                    }
-                }
+        let http = Arc::clone(&http);
+        tokio::spawn(serve_stream(from, send, recv, node, http));
+    }
+}
+
+async fn serve_stream(
+    from: PeerId,
+    send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    node: NodeHandle,
+    http: HttpStreams,
+) {
+    let mut send = Some(send);
+    let mut joiner = Joiner::new(MAX_MESSAGE_BYTES);
+    loop {
+        let frame = wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await;
+        let frame = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(error) => {
+                warn!(from = from.0, %error, "bad frame from coordinator peer");
+                return;
             }
-        });
+        };
+        // Only a stream's first frame may turn it into an HTTP exchange; a Raft stream
+        // answers nothing, so its send half goes (finished) after that frame.
+        let first_send = send.take();
+        if let (PeerMsg::Http, Some(send)) = (&frame, first_send) {
+            return http(from, send, recv);
+        }
+        let bytes = match joiner.push(frame) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => continue,
+            Err(reason) => {
+                warn!(from = from.0, reason, "raft message dropped");
+                return;
+            }
+        };
+        match decode(&bytes, from.0) {
+            Ok(message) => node.receive(message),
+            Err(reason) => {
+                warn!(from = from.0, reason, "raft message dropped");
+                return;
+            }
+        }
     }
 }
 
@@ -395,6 +432,7 @@ mod tests {
             for frame in frames {
                 let size = match &frame {
                     PeerMsg::Part(b) | PeerMsg::Raft(b) => b.len(),
+                    PeerMsg::Http => unreachable!("only parts here"),
                 };
                 assert!(size <= PART_BYTES && wire::encode(&frame).is_ok(), "{len}");
                 assert!(whole.is_none(), "{len}: joined before the last frame");

@@ -12,7 +12,7 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
 use tessera_coordinator::replication::node::NodeHandle;
 use tessera_coordinator::replication::peer::Peer;
-use tessera_coordinator::replication::transport::{self, Addresses, serve_inbound};
+use tessera_coordinator::replication::transport::{self, Addresses, HttpStreams, serve_inbound};
 use tessera_coordinator::replication::{LogStore, log};
 use tessera_topology::{PeerId, Topology};
 
@@ -53,11 +53,19 @@ pub struct Peers {
     quic: Vec<SocketAddr>,
     addresses: Addresses,
     running: Vec<Option<Running>>,
+    forwarded: HttpStreams,
 }
 
 impl Peers {
-    /// Starts `n` peers with their logs and certificates in `dir`.
+    /// Starts `n` peers with their logs and certificates in `dir`. They serve no API: a
+    /// call forwarded to one is dropped.
     pub fn start(n: usize, dir: &Path) -> Peers {
+        Peers::serving(n, dir, Arc::new(|_, _, _| {}))
+    }
+
+    /// Starts `n` peers as [`Peers::start`] does, each serving the calls forwarded to it
+    /// with `forwarded`.
+    pub fn serving(n: usize, dir: &Path, forwarded: HttpStreams) -> Peers {
         let quic: Vec<SocketAddr> = (0..n).map(|_| free_udp()).collect();
         let model = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -79,6 +87,7 @@ impl Peers {
             quic,
             addresses,
             running: (0..n).map(|_| None).collect(),
+            forwarded,
         };
         for id in 1..=n as u64 {
             peers.start_peer(id);
@@ -111,15 +120,17 @@ impl Peers {
             transport::start(peer, endpoint.clone(), Arc::clone(&self.addresses)).expect("thread");
         let inbound = node.clone();
         let accepting = endpoint.clone();
+        let forwarded = Arc::clone(&self.forwarded);
         tokio::spawn(async move {
             while let Some(incoming) = accepting.accept().await {
                 let node = inbound.clone();
+                let forwarded = Arc::clone(&forwarded);
                 tokio::spawn(async move {
                     let Ok(connection) = incoming.await else {
                         return;
                     };
                     if let Ok(Identity::Coordinator(from)) = quic::peer_identity(&connection) {
-                        serve_inbound(connection, from, node).await;
+                        serve_inbound(connection, from, node, forwarded).await;
                     }
                 });
             }
@@ -164,6 +175,16 @@ impl Peers {
             assert!(Instant::now() < deadline, "no leader within 20 s");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Peer `id`'s QUIC address.
+    pub fn quic(&self, id: u64) -> SocketAddr {
+        self.quic[id as usize - 1]
+    }
+
+    /// The directory of the cluster's certificates.
+    pub fn certs(&self) -> PathBuf {
+        self.dir.join("certs")
     }
 
     /// Stops every running peer.
