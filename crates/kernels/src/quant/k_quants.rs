@@ -230,6 +230,30 @@ mod tests {
     }
 
     #[test]
+    fn q5_k_high_bits_pick_the_sub_block_bit() {
+        let mut block = [0u8; BLOCK_Q5_K_BYTES];
+        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        block[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        let sc = [1, 2, 3, 4, 5, 6, 7, 40];
+        let m = [0, 4, 0, 0, 0, 0, 0, 20];
+        block[4..16].copy_from_slice(&pack_scales(sc, m));
+        // qh[0]: bit 0 for value 0 (sub-block 0), bit 7 for value 224 (sub-block 7);
+        // qh[5]: bit 1 for value 32 + 5 (sub-block 1).
+        block[16] = 0b1000_0001;
+        block[21] = 0b0000_0010;
+        block[48] = 0x3a; // value 0: low 4 bits 10; value 32: 3
+        block[48 + 96] = 0xf0; // value 192: low 4 bits 0 (sub-block 6); value 224: 15
+        let mut out = [f32::NAN; QK_K];
+        dequantize_block_q5_k(&block, &mut out);
+        assert_eq!(out[0], 0.5 * 1.0 * 26.0);
+        assert_eq!(out[32], 0.5 * 2.0 * 3.0 - 0.25 * 4.0);
+        assert_eq!(out[37], 0.5 * 2.0 * 16.0 - 0.25 * 4.0);
+        assert_eq!(out[192], 0.0);
+        assert_eq!(out[224], 0.5 * 40.0 * 31.0 - 0.25 * 20.0);
+        assert_eq!(out[225], -5.0); // q = 0 in sub-block 7
+    }
+
+    #[test]
     fn q6_k_hand_built_block() {
         let mut block = [0u8; BLOCK_Q6_K_BYTES];
         block[208..210].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
