@@ -99,14 +99,15 @@ pub fn q4_k_scale_min(j: usize, scales: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 /// Dequantizes one Q4_K block.
 #[inline]
 pub fn dequantize_block_q4_k(block: &[u8; BLOCK_Q4_K_BYTES], out: &mut [f32; QK_K]) {
-    dequantize_scale_min_block(block, &block[Q4_K_QS_OFFSET..], None, out);
+    dequantize_scale_min_block::<false>(block, &block[Q4_K_QS_OFFSET..], &[0; 32], out);
 }
 
 /// Dequantizes one Q5_K block.
 #[inline]
 pub fn dequantize_block_q5_k(block: &[u8; BLOCK_Q5_K_BYTES], out: &mut [f32; QK_K]) {
-    let qh = &block[Q5_K_QH_OFFSET..Q5_K_QS_OFFSET];
-    dequantize_scale_min_block(block, &block[Q5_K_QS_OFFSET..], Some(qh), out);
+    let mut qh = [0u8; 32];
+    qh.copy_from_slice(&block[Q5_K_QH_OFFSET..Q5_K_QS_OFFSET]);
+    dequantize_scale_min_block::<true>(block, &block[Q5_K_QS_OFFSET..], &qh, out);
 }
 
 /// The sub-block scales of a Q4_K or Q5_K block as f32 pairs `(d·sc, dmin·m)`, from the
@@ -124,9 +125,15 @@ pub fn scale_min_pairs(block: &[u8]) -> [(f32, f32); 8] {
 }
 
 /// Q4_K and Q5_K: `(d·sc)·q − (dmin·m)` for each of the 8 sub-blocks, with the 4 low bits of
-/// `q` from the 128 nibble bytes `qs` and, for Q5_K, bit 4 from the 32 bytes `qh`.
+/// `q` from the 128 nibble bytes `qs` and, if `FIVE_BITS` (Q5_K), bit 4 from the 32 bytes
+/// `qh`. A constant rather than a run-time flag: the Q4_K loop stays as fast as without it.
 #[inline]
-fn dequantize_scale_min_block(block: &[u8], qs: &[u8], qh: Option<&[u8]>, out: &mut [f32; QK_K]) {
+fn dequantize_scale_min_block<const FIVE_BITS: bool>(
+    block: &[u8],
+    qs: &[u8],
+    qh: &[u8; 32],
+    out: &mut [f32; QK_K],
+) {
     let pairs = scale_min_pairs(block);
     // Each 32-byte chunk of quants feeds two sub-blocks of 32 values: 64 outputs.
     for (c, (chunk, out64)) in qs
@@ -137,13 +144,10 @@ fn dequantize_scale_min_block(block: &[u8], qs: &[u8], qh: Option<&[u8]>, out: &
         let (d_lo, min_lo) = pairs[2 * c];
         let (d_hi, min_hi) = pairs[2 * c + 1];
         let (lo, hi) = out64.split_at_mut(Q4_K_SUB_BLOCK);
-        for (l, ((o_lo, o_hi), &byte)) in lo.iter_mut().zip(hi).zip(chunk).enumerate() {
-            let (bit_lo, bit_hi) = match qh {
-                Some(qh) => (
-                    ((qh[l] >> (2 * c)) & 1) << 4,
-                    ((qh[l] >> (2 * c + 1)) & 1) << 4,
-                ),
-                None => (0, 0),
+        for (((o_lo, o_hi), &byte), &h) in lo.iter_mut().zip(hi).zip(chunk).zip(qh) {
+            let (bit_lo, bit_hi) = match FIVE_BITS {
+                true => (((h >> (2 * c)) & 1) << 4, ((h >> (2 * c + 1)) & 1) << 4),
+                false => (0, 0),
             };
             *o_lo = d_lo * f32::from((byte & 0x0f) | bit_lo) - min_lo;
             *o_hi = d_hi * f32::from((byte >> 4) | bit_hi) - min_hi;
