@@ -325,6 +325,42 @@ fn for_each_block_pair<const BYTES: usize>(
     }
 }
 
+/// Σ over the 32-value blocks of a row of `d · Σ q·x`, with `d` the f16 at byte 0 of each
+/// `BYTES`-byte block and `q` its 32 values as `unpack` gives them: the body of the
+/// kernels of the 32-value types, which differ only in `unpack` (and a min term after).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_scaled_blocks<const BYTES: usize, const T: usize>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    unpack: impl Fn(&[u8; BYTES]) -> [__m256; 4],
+) -> [f32; T] {
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<BYTES>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            let q = unpack(block);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
+}
+
+/// Loads `bytes[at..at + 16]`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load16(bytes: &[u8], at: usize) -> __m128i {
+    let part = &bytes[at..at + 16];
+    // SAFETY: `part` is 16 bytes (the slice above is bounds-checked).
+    unsafe { _mm_loadu_si128(part.as_ptr().cast()) }
+}
+
 /// Q8_0 row: blocks of (f16 d, 32 × i8).
 ///
 /// # Safety
@@ -332,27 +368,15 @@ fn for_each_block_pair<const BYTES: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<34>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 2..34 are inside the block.
-            let q = unsafe {
-                let at = |k: usize| _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
-                [
-                    widen_i8(at(0)),
-                    widen_i8(at(1)),
-                    widen_i8(at(2)),
-                    widen_i8(at(3)),
-                ]
-            };
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<34, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| widen_32(load16(block, 2), load16(block, 18)),
+        )
+    }
 }
 
 /// Q4_0 row: blocks of (f16 d, 16 bytes of nibbles); value = d·(q − 8).
@@ -363,20 +387,15 @@ pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let eight = _mm_set1_epi8(8);
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<18>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 2..18 are inside the block.
-            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
-            let q = unpack_nibbles(qs, eight);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<18, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_nibbles(load16(block, 2), eight),
+        )
+    }
 }
 
 /// Q4_1 row: blocks of (f16 d, f16 m, 16 bytes of nibbles); value = d·q + m.
@@ -390,23 +409,37 @@ pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
     let zero = _mm_setzero_si128();
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<20>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 4..20 are inside the block.
-            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
-            let q = unpack_nibbles(qs, zero);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    let mut out = finish(totals);
-    // SAFETY: same features; the sums match the blocks (the caller's contract).
-    unsafe { add_min_terms::<20, T>(&mut out, w, sums) };
-    out
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        dot_min_blocks::<20, T>(
+            w,
+            xs,
+            sums,
+            #[inline(always)]
+            |block| unpack_nibbles(load16(block, 4), zero),
+        )
+    }
+}
+
+/// [`dot_scaled_blocks`] plus the min terms of a Q4_1 or Q5_1 row ([`add_min_terms`]).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` and
+/// `sums[t].len() == x.len() / 32` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_min_blocks<const BYTES: usize, const T: usize>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    sums: [&[f32]; T],
+    unpack: impl Fn(&[u8; BYTES]) -> [__m256; 4],
+) -> [f32; T] {
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        let mut out = dot_scaled_blocks::<BYTES, T>(w, xs, unpack);
+        add_min_terms::<BYTES, T>(&mut out, w, sums);
+        out
+    }
 }
 
 /// Adds `Σ_b m_b · sums[b]` to each vector's total, for the blocks of a Q4_1 or Q5_1 row
@@ -440,18 +473,15 @@ unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let sixteen = _mm_set1_epi8(16);
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<22>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            let q = unpack_q5(block, 2, sixteen);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<22, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_q5(block, 2, sixteen),
+        )
+    }
 }
 
 /// Q5_1 row: blocks of (f16 d, f16 m, u32 high bits, 16 bytes of nibbles); value = d·q + m,
@@ -464,21 +494,16 @@ pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
     let zero = _mm_setzero_si128();
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<24>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            let q = unpack_q5(block, 4, zero);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    let mut out = finish(totals);
-    // SAFETY: same features; the sums match the blocks (the caller's contract).
-    unsafe { add_min_terms::<24, T>(&mut out, w, sums) };
-    out
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        dot_min_blocks::<24, T>(
+            w,
+            xs,
+            sums,
+            #[inline(always)]
+            |block| unpack_q5(block, 4, zero),
+        )
+    }
 }
 
 /// The 32 quants of a Q5_0 or Q5_1 block minus `offset`, whose high-bit word sits at
@@ -492,10 +517,7 @@ fn unpack_q5(block: &[u8], qh_at: usize, offset: __m128i) -> [__m256; 4] {
         block[qh_at + 2],
         block[qh_at + 3],
     ]);
-    let nibbles = &block[qh_at + 4..qh_at + 20];
-    // SAFETY: `nibbles` is 16 bytes (the slice above is bounds-checked).
-    let qs = unsafe { _mm_loadu_si128(nibbles.as_ptr().cast()) };
-    let (lo, hi) = split_nibbles(qs);
+    let (lo, hi) = split_nibbles(load16(block, qh_at + 4));
     let (bit_lo, bit_hi) = high_bits_32(qh);
     widen_32(
         _mm_sub_epi8(_mm_or_si128(lo, bit_lo), offset),
@@ -511,18 +533,13 @@ fn unpack_q5(block: &[u8], qh_at: usize, offset: __m128i) -> [__m256; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq4_nl<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let table = iq4_table();
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<18>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 2..18 are inside the block.
-            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
-            let q = unpack_iq4(qs, table);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<18, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_iq4(load16(block, 2), table),
+        )
+    }
 }

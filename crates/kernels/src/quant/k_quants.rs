@@ -214,14 +214,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn q4_k_hand_built_block() {
-        let mut block = [0u8; BLOCK_Q4_K_BYTES];
+    /// The scale fields of the hand-built Q4_K and Q5_K blocks: d = 0.5, dmin = 0.25,
+    /// sc = [1, 2, 3, 4, 5, 6, 7, 40], m = [0, 4, 0, 0, 0, 0, 0, 20].
+    fn put_scales(block: &mut [u8]) {
         block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
         block[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
         let sc = [1, 2, 3, 4, 5, 6, 7, 40];
         let m = [0, 4, 0, 0, 0, 0, 0, 20];
         block[4..16].copy_from_slice(&pack_scales(sc, m));
+    }
+
+    #[test]
+    fn q4_k_hand_built_block() {
+        let mut block = [0u8; BLOCK_Q4_K_BYTES];
+        put_scales(&mut block);
         block[16] = 0x3a; // value 0: q = 10, sub-block 0; value 32: q = 3, sub-block 1
         block[143] = 0xf0; // value 223: q = 0, sub-block 6; value 255: q = 15, sub-block 7
         let mut out = [f32::NAN; QK_K];
@@ -236,11 +242,7 @@ mod tests {
     #[test]
     fn q5_k_high_bits_pick_the_sub_block_bit() {
         let mut block = [0u8; BLOCK_Q5_K_BYTES];
-        block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
-        block[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
-        let sc = [1, 2, 3, 4, 5, 6, 7, 40];
-        let m = [0, 4, 0, 0, 0, 0, 0, 20];
-        block[4..16].copy_from_slice(&pack_scales(sc, m));
+        put_scales(&mut block);
         // qh[0]: bit 0 for value 0 (sub-block 0), bit 7 for value 224 (sub-block 7);
         // qh[5]: bit 1 for value 32 + 5 (sub-block 1).
         block[16] = 0b1000_0001;

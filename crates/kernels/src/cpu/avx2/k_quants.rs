@@ -10,21 +10,42 @@
 
 use std::arch::x86_64::*;
 
-use super::{accumulate_block, f16_at, finish, iq4_table, unpack_iq4, widen_32};
-use crate::quant::iq4::{IQ4_XS_QS_OFFSET, iq4_xs_scale};
+use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32};
+use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
 use crate::quant::k_quants::{BLOCK_Q5_K_BYTES, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET, scale_min_pairs};
 use crate::quant::k_quants_small::{
     BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q2_k_scales, q3_k_scales,
 };
 
-/// Calls `f(c, parity)` for the chunks `c` in `0..n` (`n` even) with `parity = c mod 2`, two
-/// at a time so that the choice of accumulators is static.
-#[inline(always)]
-fn in_pairs(n: usize, mut f: impl FnMut(usize, usize)) {
-    for c in (0..n).step_by(2) {
-        f(c, 0);
-        f(c + 1, 1);
+/// Σ over the 256-value blocks of a row, chunk by chunk: `prepare(block)` once per block
+/// (its scales), then for each chunk `c` in 0..8, `chunk(block, &prepared, c)` gives the
+/// chunk's 32 values as 4 × 8 floats and the scale of their dot with `x`. Chunks alternate
+/// between two sets of accumulators, two at a time so that the choice is static.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * BYTES` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_chunks<const BYTES: usize, const T: usize, P>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    prepare: impl Fn(&[u8; BYTES]) -> P,
+    chunk: impl Fn(&[u8; BYTES], &P, usize) -> ([__m256; 4], __m256),
+) -> [f32; T] {
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    let (blocks, _) = w.as_chunks::<BYTES>();
+    for (i, block) in blocks.iter().enumerate() {
+        let prepared = prepare(block);
+        for c in (0..8).step_by(2) {
+            let (q, scale) = chunk(block, &prepared, c);
+            // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[0], &q, scale, &xs, 8 * i + c) };
+            let (q, scale) = chunk(block, &prepared, c + 1);
+            // SAFETY: as above, for chunk c + 1 < 8.
+            unsafe { accumulate_block(&mut totals[1], &q, scale, &xs, 8 * i + c + 1) };
+        }
     }
+    finish(totals)
 }
 
 /// Loads `block[at..at + 32]`.
@@ -81,35 +102,29 @@ fn scale_min(q: [__m256; 4], halves: [(f32, f32); 2]) -> [__m256; 4] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let one = _mm256_set1_ps(1.0);
-    let low = _mm256_set1_epi8(0x0f);
+    let (one, low) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(0x0f));
     let four = _mm256_set1_epi8(0x10); // bit 4
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    let (blocks, _) = w.as_chunks::<BLOCK_Q5_K_BYTES>();
-    for (i, block) in blocks.iter().enumerate() {
-        let pairs = scale_min_pairs(block);
-        let qh = load32(block, Q5_K_QH_OFFSET);
-        let mut nibbles = _mm256_setzero_si256();
-        // Sub-block c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..], bit c of qh.
-        in_pairs(
-            8,
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q5_K_BYTES, T, _>(
+            w,
+            xs,
             #[inline(always)]
-            |c, parity| {
-                if parity == 0 {
-                    nibbles = load32(block, Q5_K_QS_OFFSET + 16 * c);
-                }
-                let nib = match parity {
-                    0 => _mm256_and_si256(nibbles, low),
-                    _ => _mm256_and_si256(_mm256_srli_epi16::<4>(nibbles), low),
+            |block| (scale_min_pairs(block), load32(block, Q5_K_QH_OFFSET)),
+            // Chunk c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..], bit c of qh.
+            #[inline(always)]
+            |block, (pairs, qh), c| {
+                let nibbles = load32(block, Q5_K_QS_OFFSET + 32 * (c / 2));
+                let nibbles = match c % 2 {
+                    0 => nibbles,
+                    _ => _mm256_srli_epi16::<4>(nibbles),
                 };
-                let q = _mm256_or_si256(nib, _mm256_and_si256(bit_set(qh, c), four));
-                let weights = scale_min(widen_256(q), [pairs[c]; 2]);
-                // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
-                unsafe { accumulate_block(&mut totals[parity], &weights, one, &xs, 8 * i + c) };
+                let high = _mm256_and_si256(bit_set(*qh, c), four);
+                let q = _mm256_or_si256(_mm256_and_si256(nibbles, low), high);
+                (scale_min(widen_256(q), [pairs[c]; 2]), one)
             },
-        );
+        )
     }
-    finish(totals)
 }
 
 /// Q2_K row: value = (d·sc)·q − dmin·m with 2-bit `q`, 16-value sub-blocks.
@@ -120,27 +135,22 @@ pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q2_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let one = _mm256_set1_ps(1.0);
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    let (blocks, _) = w.as_chunks::<BLOCK_Q2_K_BYTES>();
-    for (i, block) in blocks.iter().enumerate() {
-        let scales = q2_k_scales(block);
-        for h in 0..2 {
-            let qs = load32(block, Q2_K_QS_OFFSET + 32 * h);
-            // Chunk 4h + j: bits 2j.. of qs[32h..]; sub-blocks 8h + 2j and 8h + 2j + 1.
-            in_pairs(
-                4,
-                #[inline(always)]
-                |j, parity| {
-                    let c = 4 * h + j;
-                    let q = widen_256(two_bits(qs, j));
-                    let weights = scale_min(q, [scales[2 * c], scales[2 * c + 1]]);
-                    // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
-                    unsafe { accumulate_block(&mut totals[parity], &weights, one, &xs, 8 * i + c) };
-                },
-            );
-        }
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q2_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| q2_k_scales(block),
+            // Chunk c = 4h + j: bits 2j.. of qs[32h..]; sub-blocks 2c and 2c + 1.
+            #[inline(always)]
+            |block, scales, c| {
+                let qs = load32(block, Q2_K_QS_OFFSET + 32 * (c / 4));
+                let q = widen_256(two_bits(qs, c % 4));
+                (scale_min(q, [scales[2 * c], scales[2 * c + 1]]), one)
+            },
+        )
     }
-    finish(totals)
 }
 
 /// Q3_K row: value = d·(sc − 32)·q with `q` the 2 low bits minus 4 unless the `hmask` bit is
@@ -151,32 +161,25 @@ pub unsafe fn dot_q2_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q3_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let one = _mm256_set1_ps(1.0);
-    let four = _mm256_set1_epi8(4);
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    let (blocks, _) = w.as_chunks::<BLOCK_Q3_K_BYTES>();
-    for (i, block) in blocks.iter().enumerate() {
-        let scales = q3_k_scales(block);
-        let hmask = load32(block, 0);
-        for h in 0..2 {
-            let qs = load32(block, Q3_K_QS_OFFSET + 32 * h);
-            // Chunk c = 4h + j: bits 2j.. of qs[32h..], bit c of hmask.
-            in_pairs(
-                4,
-                #[inline(always)]
-                |j, parity| {
-                    let c = 4 * h + j;
-                    let minus = _mm256_andnot_si256(bit_set(hmask, c), four);
-                    let q = widen_256(_mm256_sub_epi8(two_bits(qs, j), minus));
-                    let halves = [(scales[2 * c], 0.0), (scales[2 * c + 1], 0.0)];
-                    let weights = scale_min(q, halves);
-                    // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
-                    unsafe { accumulate_block(&mut totals[parity], &weights, one, &xs, 8 * i + c) };
-                },
-            );
-        }
+    let (one, four) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(4));
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q3_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| (q3_k_scales(block), load32(block, 0)),
+            // Chunk c = 4h + j: bits 2j.. of qs[32h..], bit c of hmask; sub-blocks 2c, 2c + 1.
+            #[inline(always)]
+            |block, (scales, hmask), c| {
+                let qs = load32(block, Q3_K_QS_OFFSET + 32 * (c / 4));
+                let minus = _mm256_andnot_si256(bit_set(*hmask, c), four);
+                let q = widen_256(_mm256_sub_epi8(two_bits(qs, c % 4), minus));
+                let halves = [(scales[2 * c], 0.0), (scales[2 * c + 1], 0.0)];
+                (scale_min(q, halves), one)
+            },
+        )
     }
-    finish(totals)
 }
 
 /// IQ4_XS row: value = d·(sc − 32)·LEVELS[q], 32-value sub-blocks laid out as IQ4_NL blocks.
@@ -187,24 +190,18 @@ pub unsafe fn dot_q3_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq4_xs<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let table = iq4_table();
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    let (blocks, _) = w.as_chunks::<136>();
-    for (i, block) in blocks.iter().enumerate() {
-        let d = f16_at(block, 0);
-        in_pairs(
-            8,
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_IQ4_XS_BYTES, T, _>(
+            w,
+            xs,
             #[inline(always)]
-            |s, parity| {
-                let at = IQ4_XS_QS_OFFSET + 16 * s;
-                let nibbles = &block[at..at + 16];
-                // SAFETY: `nibbles` is 16 bytes (the slice above is bounds-checked).
-                let qs = unsafe { _mm_loadu_si128(nibbles.as_ptr().cast()) };
-                let q = unpack_iq4(qs, table);
-                let dl = _mm256_set1_ps(d * f32::from(iq4_xs_scale(s, block)));
-                // SAFETY: (8i + s)·32 + 32 <= x.len() by the row length.
-                unsafe { accumulate_block(&mut totals[parity], &q, dl, &xs, 8 * i + s) };
+            |block| f16_at(block, 0),
+            #[inline(always)]
+            |block, d, s| {
+                let q = unpack_iq4(load16(block, IQ4_XS_QS_OFFSET + 16 * s), table);
+                (q, _mm256_set1_ps(d * f32::from(iq4_xs_scale(s, block))))
             },
-        );
+        )
     }
-    finish(totals)
 }
