@@ -140,8 +140,7 @@ pub unsafe fn dot_q2_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
         dot_chunks::<BLOCK_Q2_K_BYTES, T, _>(
             w,
             xs,
-            #[inline(always)]
-            |block| q2_k_scales(block),
+            q2_k_scales,
             // Chunk c = 4h + j: bits 2j.. of qs[32h..]; sub-blocks 2c and 2c + 1.
             #[inline(always)]
             |block, scales, c| {
