@@ -7,8 +7,9 @@
 //! prompt position are within [`LOGIT_TOLERANCE`] of tp = 1's. Quantized GGUF fixtures at
 //! tp = 2 slice on block boundaries and keep their types; at tp = 4 their row-parallel
 //! slices fall inside blocks and are dequantized; so does a Q5_0/Q5_1 copy of llama-gqa
-//! (`fixtures/quant/llama-gqa.Q5_0-Q5_1.gguf`), checked against its own tp = 1 run. The SmolLM2
-//! demo model runs at tp = 3.
+//! (`fixtures/quant/llama-gqa.Q5_0-Q5_1.gguf`), checked against its own tp = 1 run, and a
+//! copy of llama-kquant in Q5_K, Q3_K, Q2_K and IQ4_XS splits inside its 256-value blocks.
+//! The SmolLM2 demo model runs at tp = 3.
 //!
 //! The SmolLM2 case needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (placed by
 //! `scripts/get-demo-model.sh`); without it the test says so and passes, unless
@@ -265,6 +266,29 @@ fn q5_gguf_splits_on_its_32_value_blocks() {
             assert_eq!(run.tokens, one.tokens, "tp = {tp}");
             let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
             eprintln!("Q5_0/Q5_1 tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
+            assert!(worst <= LOGIT_TOLERANCE, "tp = {tp}: {worst:e}");
+        }
+    }
+}
+
+#[test]
+fn new_k_types_fall_back_to_f32_inside_their_256_value_blocks() {
+    // llama-kquant (every row 256 values: one block) with o_proj in Q5_K, gate in Q3_K, up in
+    // IQ4_XS and the rest in Q2_K (written by make_quant_fixtures.py). Splitting o_proj's or
+    // down_proj's columns cuts their single block: both are dequantized on every rank;
+    // the column-parallel projections keep their types. At tp = 1 those two run through the
+    // AVX2 Q5_K and Q2_K kernels, split they are dequantized: the runs agree only if both do.
+    let path = repo_root().join("fixtures/quant/llama-kquant.new-k-types.gguf");
+    let prompts = expected("llama-kquant").prompts;
+    let base = run_group(&path, 1, &prompts, 8);
+    assert_eq!(base[0].dequantized, 0);
+    for tp in [2, 4] {
+        let got = run_group(&path, tp, &prompts, 8);
+        assert!(got.iter().all(|o| o.dequantized == 2), "tp = {tp}");
+        for (run, one) in got[0].runs.iter().zip(&base[0].runs) {
+            assert_eq!(run.tokens, one.tokens, "tp = {tp}");
+            let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
+            eprintln!("new K types tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
             assert!(worst <= LOGIT_TOLERANCE, "tp = {tp}: {worst:e}");
         }
     }
