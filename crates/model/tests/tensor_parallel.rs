@@ -232,6 +232,27 @@ fn quantized_gguf_at_tp4_dequantizes_unaligned_column_slices() {
     assert!(outcomes.iter().all(|o| o.dequantized == 2));
 }
 
+/// Runs `path` at each `(tp, dequantized)` of `splits`: every rank dequantized that many
+/// tensors at load, and each prompt's tokens equal those of `base` (its tp = 1 run) and its
+/// logits are within [`LOGIT_TOLERANCE`] of them.
+fn check_splits(path: &Path, prompts: &[Vec<u32>], base: &RankOutcome, splits: &[(usize, usize)]) {
+    let name = path.file_name().unwrap().to_string_lossy();
+    for &(tp, dequantized) in splits {
+        let got = run_group(path, tp, prompts, 8);
+        let counts: Vec<usize> = got.iter().map(|o| o.dequantized).collect();
+        assert!(
+            counts.iter().all(|&n| n == dequantized),
+            "{name} tp = {tp}: {counts:?}"
+        );
+        for (run, one) in got[0].runs.iter().zip(&base.runs) {
+            assert_eq!(run.tokens, one.tokens, "{name} tp = {tp}");
+            let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
+            eprintln!("{name} tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
+            assert!(worst <= LOGIT_TOLERANCE, "{name} tp = {tp}: {worst:e}");
+        }
+    }
+}
+
 #[test]
 fn q5_gguf_splits_on_its_32_value_blocks() {
     // llama-gqa with Q5_0 attention and embedding, Q5_1 MLP and LM head (written by
@@ -243,32 +264,20 @@ fn q5_gguf_splits_on_its_32_value_blocks() {
     let base = run_group(&path, 1, &prompts, 8);
     // Against the f32 model it was made from, its logits lie between the Q8_0 and Q4_0
     // fixtures' (the worst |Δlogit| over the prompts): more bits, smaller error.
+    let fixture = |name: &str| run_group(&fixtures().join("llama-gqa").join(name), 1, &prompts, 8);
+    let f32_runs = fixture("model.F32.gguf").remove(0).runs;
     let worst_vs_f32 = |runs: &[Run]| {
-        let f32_base = run_group(&fixtures().join("llama-gqa/model.F32.gguf"), 1, &prompts, 8);
-        let runs = runs.iter().zip(&f32_base[0].runs);
-        runs.fold(0.0f32, |m, (a, b)| {
+        let pairs = runs.iter().zip(&f32_runs);
+        pairs.fold(0.0f32, |m, (a, b)| {
             m.max(max_diff(&a.prompt_logits, &b.prompt_logits))
         })
     };
-    let fixture = |name: &str| run_group(&fixtures().join("llama-gqa").join(name), 1, &prompts, 8);
     let q5 = worst_vs_f32(&base[0].runs);
     let q8 = worst_vs_f32(&fixture("model.Q8_0.gguf")[0].runs);
     let q4 = worst_vs_f32(&fixture("model.Q4_0.gguf")[0].runs);
     eprintln!("max |Δlogit| vs F32: Q8_0 {q8:.2}, Q5_0/Q5_1 {q5:.2}, Q4_0 {q4:.2}");
     assert!(q8 < q5 && q5 < q4, "Q8_0 {q8}, Q5 {q5}, Q4_0 {q4}");
-    for (tp, dequantized) in [(2, 0), (4, 2)] {
-        let got = run_group(&path, tp, &prompts, 8);
-        assert!(
-            got.iter().all(|o| o.dequantized == dequantized),
-            "tp = {tp}"
-        );
-        for (run, one) in got[0].runs.iter().zip(&base[0].runs) {
-            assert_eq!(run.tokens, one.tokens, "tp = {tp}");
-            let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
-            eprintln!("Q5_0/Q5_1 tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
-            assert!(worst <= LOGIT_TOLERANCE, "tp = {tp}: {worst:e}");
-        }
-    }
+    check_splits(&path, &prompts, &base[0], &[(2, 0), (4, 2)]);
 }
 
 #[test]
@@ -282,16 +291,7 @@ fn new_k_types_fall_back_to_f32_inside_their_256_value_blocks() {
     let prompts = expected("llama-kquant").prompts;
     let base = run_group(&path, 1, &prompts, 8);
     assert_eq!(base[0].dequantized, 0);
-    for tp in [2, 4] {
-        let got = run_group(&path, tp, &prompts, 8);
-        assert!(got.iter().all(|o| o.dequantized == 2), "tp = {tp}");
-        for (run, one) in got[0].runs.iter().zip(&base[0].runs) {
-            assert_eq!(run.tokens, one.tokens, "tp = {tp}");
-            let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
-            eprintln!("new K types tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
-            assert!(worst <= LOGIT_TOLERANCE, "tp = {tp}: {worst:e}");
-        }
-    }
+    check_splits(&path, &prompts, &base[0], &[(2, 2), (4, 2)]);
 }
 
 #[test]
