@@ -13,12 +13,12 @@
 //! 6-bit scale `sc` stored plus 32; `x = (d·(sc − 32))·LEVELS[q]`. Sub-block `s` reads
 //! `qs[16s..16s + 16]`, laid out as one IQ4_NL block's nibbles.
 //!
-//! | bytes  | field      | meaning                                                |
-//! |--------|------------|--------------------------------------------------------|
-//! | 0..2   | `d`        | f16 super-block scale                                  |
-//! | 2..4   | `scales_h` | u16: bits `2s..2s+2` are the high 2 bits of `sc` of sub-block `s` |
-//! | 4..8   | `scales_l` | low 4 bits of `sc`: sub-block `s` in nibble `s mod 2` of byte `s/2` |
-//! | 8..136 | `qs`       | 256 × 4-bit indices                                    |
+//! | bytes  | field      | meaning                                                  |
+//! |--------|------------|----------------------------------------------------------|
+//! | 0..2   | `d`        | f16 super-block scale                                    |
+//! | 2..4   | `scales_h` | u16: bits `2s..2s+2` are the high 2 bits of `sc`         |
+//! | 4..8   | `scales_l` | low 4 bits of `sc`: nibble `s mod 2` of byte `s / 2`     |
+//! | 8..136 | `qs`       | 256 × 4-bit indices                                      |
 
 use super::float::f16_le_to_f32;
 use super::k_quants::QK_K;

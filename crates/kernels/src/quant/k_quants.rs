@@ -14,8 +14,8 @@
 //! The quants come in 4 chunks of 32 bytes; chunk `c` holds sub-block `2c` in its low
 //! nibbles and sub-block `2c + 1` in its high nibbles.
 //!
-//! Q5_K, 176 bytes (GGML `block_q5_K`): Q4_K with a fifth bit per quant, `x = (d·sc)·q − (dmin·m)`
-//! with 5-bit `q`.
+//! Q5_K, 176 bytes (GGML `block_q5_K`): Q4_K with a fifth bit per quant,
+//! `x = (d·sc)·q − (dmin·m)` with 5-bit `q`.
 //!
 //! | bytes   | field    | meaning                                          |
 //! |---------|----------|--------------------------------------------------|

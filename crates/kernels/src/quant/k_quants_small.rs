@@ -7,22 +7,22 @@
 //!
 //! Q2_K, 84 bytes (GGML `block_q2_K`), `x = (d·sc)·q − (dmin·m)` with 2-bit `q`:
 //!
-//! | bytes  | field    | meaning                                              |
-//! |--------|----------|------------------------------------------------------|
+//! | bytes  | field    | meaning                                                  |
+//! |--------|----------|----------------------------------------------------------|
 //! | 0..16  | `scales` | per sub-block: 4-bit `sc` (low nibble), 4-bit `m` (high) |
-//! | 16..80 | `qs`     | 256 × 2-bit quants                                   |
-//! | 80..82 | `d`      | f16 super-block scale of the sub-block scales        |
-//! | 82..84 | `dmin`   | f16 super-block scale of the sub-block minimums      |
+//! | 16..80 | `qs`     | 256 × 2-bit quants                                       |
+//! | 80..82 | `d`      | f16 super-block scale of the sub-block scales            |
+//! | 82..84 | `dmin`   | f16 super-block scale of the sub-block minimums          |
 //!
 //! Q3_K, 110 bytes (GGML `block_q3_K`), `x = (d·(sc − 32))·q` with `q` in −4..4: the 2 bits
 //! of `qs`, minus 4 when the value's bit in `hmask` is clear.
 //!
-//! | bytes   | field    | meaning                                           |
-//! |---------|----------|---------------------------------------------------|
-//! | 0..32   | `hmask`  | value `32k + l` (`k` in 0..8): bit `k` of `hmask[l]` |
-//! | 32..96  | `qs`     | 256 × 2-bit low bits of the quants                |
-//! | 96..108 | `scales` | 16 × 6-bit sub-block scales, packed (see [`q3_k_scale`]) |
-//! | 108..110 | `d`     | f16 super-block scale                             |
+//! | bytes    | field    | meaning                                                  |
+//! |----------|----------|----------------------------------------------------------|
+//! | 0..32    | `hmask`  | value `32k + l` (`k` in 0..8): bit `k` of `hmask[l]`     |
+//! | 32..96   | `qs`     | 256 × 2-bit low bits of the quants                       |
+//! | 96..108  | `scales` | 16 × 6-bit sub-block scales, packed (see [`q3_k_scale`]) |
+//! | 108..110 | `d`      | f16 super-block scale                                    |
 
 use super::float::f16_le_to_f32;
 use super::k_quants::QK_K;
