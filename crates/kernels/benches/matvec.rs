@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
 use tessera_kernels::matmul::{MatRef, matmul};
+use tessera_kernels::quant::f16_scale_offsets;
 
 fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(7);
@@ -22,11 +23,11 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
         match dtype {
             DType::F32 => chunk[last] &= 0x3f,
             DType::F16 | DType::BF16 => chunk[last] &= 0x3b,
-            DType::Q6K => chunk[last] &= 0x1f,
-            _ => chunk[1] &= 0x1f,
-        }
-        if matches!(dtype, DType::Q4_1 | DType::Q4K) {
-            chunk[3] &= 0x1f;
+            _ => {
+                for &at in f16_scale_offsets(dtype) {
+                    chunk[at + 1] &= 0x1f;
+                }
+            }
         }
     }
     data
@@ -36,7 +37,7 @@ fn bench_matvec(c: &mut Criterion) {
     let mut group = c.benchmark_group("matvec");
     for (rows, cols) in [(1536usize, 576usize), (4096, 4096)] {
         for dtype in DType::ALL {
-            // K-quant rows are whole 256-value blocks: no Q4_K/Q6_K at 576 columns.
+            // Rows are whole blocks: no 256-value types (K-quants, IQ4_XS) at 576 columns.
             if !cols.is_multiple_of(dtype.block_elems()) {
                 continue;
             }

@@ -21,11 +21,28 @@ pub enum DType {
     Q4K,
     /// 256 values in 16 sub-blocks of 16, 8-bit sub-scales, 6-bit quants.
     Q6K,
+    /// 32 values: f16 scale `d`, 32 high bits, 16 bytes of nibbles. `x = d·(q − 16)`.
+    Q5_0,
+    /// 32 values: f16 scale `d`, f16 min `m`, 32 high bits, 16 bytes of nibbles.
+    /// `x = d·q + m`.
+    Q5_1,
+    /// 256 values in 8 sub-blocks of 32, 6-bit sub-scales and mins, 5-bit quants.
+    Q5K,
+    /// 256 values in 16 sub-blocks of 16, 6-bit signed sub-scales, 3-bit quants.
+    Q3K,
+    /// 256 values in 16 sub-blocks of 16, 4-bit sub-scales and mins, 2-bit quants.
+    Q2K,
+    /// 32 values: f16 scale `d`, 16 bytes of nibbles indexing a fixed non-linear table.
+    IQ4NL,
+    /// 256 values in 8 sub-blocks of 32, 6-bit signed sub-scales, nibbles indexing the
+    /// IQ4_NL table.
+    IQ4XS,
 }
 
 impl DType {
-    /// Every type, in GGML id order; useful for tests that cover them all.
-    pub const ALL: [DType; 8] = [
+    /// Every type: the first eight Tessera read, then the ones added with issue 18, in the
+    /// order they were added. Useful for tests that cover them all.
+    pub const ALL: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -34,14 +51,23 @@ impl DType {
         DType::Q4_1,
         DType::Q4K,
         DType::Q6K,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q5K,
+        DType::Q3K,
+        DType::Q2K,
+        DType::IQ4NL,
+        DType::IQ4XS,
     ];
 
     /// Number of values in one block.
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
+                32
+            }
+            DType::Q4K | DType::Q6K | DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => 256,
         }
     }
 
@@ -55,6 +81,13 @@ impl DType {
             DType::Q4_1 => 20,
             DType::Q4K => 144,
             DType::Q6K => 210,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q5K => 176,
+            DType::Q3K => 110,
+            DType::Q2K => 84,
+            DType::IQ4NL => 18,
+            DType::IQ4XS => 136,
         }
     }
 
@@ -84,7 +117,14 @@ impl DType {
             DType::Q4_1 => 3,
             DType::Q8_0 => 8,
             DType::Q4K => 12,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q2K => 10,
+            DType::Q3K => 11,
+            DType::Q5K => 13,
             DType::Q6K => 14,
+            DType::IQ4NL => 20,
+            DType::IQ4XS => 23,
             DType::BF16 => 30,
         }
     }
@@ -105,6 +145,13 @@ impl DType {
             DType::Q4_1 => "Q4_1",
             DType::Q4K => "Q4_K",
             DType::Q6K => "Q6_K",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q5K => "Q5_K",
+            DType::Q3K => "Q3_K",
+            DType::Q2K => "Q2_K",
+            DType::IQ4NL => "IQ4_NL",
+            DType::IQ4XS => "IQ4_XS",
         }
     }
 }

@@ -215,6 +215,18 @@ impl Llama {
         &self.dequantized
     }
 
+    /// Every matrix of this rank: the embedding, each layer's projections, the LM head.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn projection_weights(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].map(|p| &p.weight));
+        std::iter::once(&self.embed)
+            .chain(layers)
+            .chain(self.lm_head.as_ref())
+    }
+
     /// The KV cache layout of this rank: its own KV heads only.
     pub fn kv_layout(&self, block_size: usize) -> KvLayout {
         KvLayout {

@@ -398,6 +398,63 @@ mod tests {
         assert!(w.cols_slice(90..97).is_err());
     }
 
+    /// A `rows × cols` weight of `dtype` whose bytes are a fixed pseudo-random sequence,
+    /// with the f16 scales of every block set to small finite values.
+    fn scrambled_weight(dtype: DType, rows: usize, cols: usize) -> Weight {
+        let n_bytes = rows * dtype.row_bytes(cols).unwrap();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut bytes: Vec<u8> = (0..n_bytes)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                (state >> 56) as u8
+            })
+            .collect();
+        for (b, block) in bytes.chunks_exact_mut(dtype.block_bytes()).enumerate() {
+            for (k, &at) in quant::f16_scale_offsets(dtype).iter().enumerate() {
+                let v = 0.01 * (1 + (b + k) % 7) as f32;
+                block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+        }
+        Weight::new(
+            Path::new("t"),
+            "w",
+            dtype,
+            rows,
+            cols,
+            Storage::from_vec(bytes),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn cols_slices_of_every_block_type_follow_its_block_size() {
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            let block = dtype.block_elems();
+            let cols = 4 * block;
+            let w = scrambled_weight(dtype, 3, cols);
+            let all = w.to_f32().unwrap();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            // Two ranks: each half is whole blocks and keeps the stored type.
+            for take in [0..2 * block, 2 * block..cols] {
+                assert!(w.cols_aligned(&take), "{dtype} {take:?}");
+                let s = w.cols_slice(take.clone()).unwrap();
+                assert_eq!((s.rows, s.cols, s.dtype), (3, 2 * block, dtype));
+                assert_eq!(s.storage_bytes(), 3 * 2 * dtype.block_bytes(), "{dtype}");
+                let want = cut(&all, cols, 0..3, take);
+                assert_eq!(bits(s.to_f32().unwrap()), bits(want), "{dtype}");
+            }
+            // Three ranks: the middle third starts and ends inside blocks, so it is f32.
+            let take = cols / 3..2 * cols / 3;
+            assert!(!w.cols_aligned(&take), "{dtype} {take:?}");
+            let s = w.cols_slice(take.clone()).unwrap();
+            assert_eq!((s.cols, s.dtype), (take.len(), DType::F32), "{dtype}");
+            let want = cut(&all, cols, 0..3, take);
+            assert_eq!(bits(s.to_f32().unwrap()), bits(want), "{dtype}");
+        }
+    }
+
     #[test]
     fn float_cols_slice_copies_exact_values() {
         let w = f32_weight(4, 10);

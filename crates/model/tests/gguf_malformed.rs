@@ -417,15 +417,16 @@ fn bad_metadata_values() {
 #[test]
 fn unknown_tensor_type_names_the_tensor_and_type() {
     let bytes = Gguf::new()
-        .raw_tensor("blk.0.ffn_up.weight", &[256, 2], 13, 352, None)
+        .raw_tensor("blk.0.ffn_up.weight", &[256, 2], 16, 132, None)
         .bytes();
     let s = scratch();
     let err = open_bytes(&s, &bytes).unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
-            "{}: tensor blk.0.ffn_up.weight has GGML type 13 (Q5_K), which Tessera does not \
-             support; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K",
+            "{}: tensor blk.0.ffn_up.weight has GGML type 16 (IQ2_XXS), which Tessera does not \
+             support; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K, \
+             Q3_K, Q2_K, IQ4_NL, IQ4_XS",
             s.path.display()
         )
     );

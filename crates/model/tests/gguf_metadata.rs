@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use tessera_kernels::DType;
 use tessera_model::gguf::{GgufError, GgufFile, GgufValue};
 
 fn open_fixture() -> GgufFile {
@@ -31,7 +32,8 @@ fn header_and_provenance() {
     let version = file.get_str(&key("gguf_py_version")).unwrap().unwrap();
     assert!(!version.is_empty());
     assert!(file.get_u32(&key("seed")).unwrap().is_some());
-    assert_eq!(file.tensors().len(), 16);
+    // Each type and its `.expected` twin.
+    assert_eq!(file.tensors().len(), 2 * DType::ALL.len());
 }
 
 #[test]

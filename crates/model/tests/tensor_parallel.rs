@@ -6,7 +6,10 @@
 //! tokens equal tp = 1's and transformers' (`expected.json`), and the logits at the last
 //! prompt position are within [`LOGIT_TOLERANCE`] of tp = 1's. Quantized GGUF fixtures at
 //! tp = 2 slice on block boundaries and keep their types; at tp = 4 their row-parallel
-//! slices fall inside blocks and are dequantized. The SmolLM2 demo model runs at tp = 3.
+//! slices fall inside blocks and are dequantized; so does a Q5_0/Q5_1 copy of llama-gqa
+//! (`fixtures/quant/llama-gqa.Q5_0-Q5_1.gguf`), checked against its own tp = 1 run, and a
+//! copy of llama-kquant in Q5_K, Q3_K, Q2_K and IQ4_XS splits inside its 256-value blocks.
+//! The SmolLM2 demo model runs at tp = 3.
 //!
 //! The SmolLM2 case needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (placed by
 //! `scripts/get-demo-model.sh`); without it the test says so and passes, unless
@@ -227,6 +230,68 @@ fn quantized_gguf_at_tp4_dequantizes_unaligned_column_slices() {
     let path = fixtures().join("llama-gqa/model.Q4_1.gguf");
     let outcomes = run_group(&path, 4, &[vec![1, 2, 3]], 1);
     assert!(outcomes.iter().all(|o| o.dequantized == 2));
+}
+
+/// Runs `path` at each `(tp, dequantized)` of `splits`: every rank dequantized that many
+/// tensors at load, and each prompt's tokens equal those of `base` (its tp = 1 run) and its
+/// logits are within [`LOGIT_TOLERANCE`] of them.
+fn check_splits(path: &Path, prompts: &[Vec<u32>], base: &RankOutcome, splits: &[(usize, usize)]) {
+    let name = path.file_name().unwrap().to_string_lossy();
+    for &(tp, dequantized) in splits {
+        let got = run_group(path, tp, prompts, 8);
+        let counts: Vec<usize> = got.iter().map(|o| o.dequantized).collect();
+        assert!(
+            counts.iter().all(|&n| n == dequantized),
+            "{name} tp = {tp}: {counts:?}"
+        );
+        for (run, one) in got[0].runs.iter().zip(&base.runs) {
+            assert_eq!(run.tokens, one.tokens, "{name} tp = {tp}");
+            let worst = max_diff(&run.prompt_logits, &one.prompt_logits);
+            eprintln!("{name} tp = {tp}: max |Δlogit| vs tp = 1 = {worst:.2e}");
+            assert!(worst <= LOGIT_TOLERANCE, "{name} tp = {tp}: {worst:e}");
+        }
+    }
+}
+
+#[test]
+fn q5_gguf_splits_on_its_32_value_blocks() {
+    // llama-gqa with Q5_0 attention and embedding, Q5_1 MLP and LM head (written by
+    // make_quant_fixtures.py from model.F32.gguf; no transformers outputs: tp = 1 is the
+    // reference). At tp = 2 every column slice is whole 32-value blocks; at tp = 4 o_proj's 16
+    // columns per rank fall inside blocks and are dequantized (2 layers), down_proj's 32 not.
+    let path = repo_root().join("fixtures/quant/llama-gqa.Q5_0-Q5_1.gguf");
+    let prompts = expected("llama-gqa").prompts;
+    let base = run_group(&path, 1, &prompts, 8);
+    // Against the f32 model it was made from, its logits lie between the Q8_0 and Q4_0
+    // fixtures' (the worst |Δlogit| over the prompts): more bits, smaller error.
+    let fixture = |name: &str| run_group(&fixtures().join("llama-gqa").join(name), 1, &prompts, 8);
+    let f32_runs = fixture("model.F32.gguf").remove(0).runs;
+    let worst_vs_f32 = |runs: &[Run]| {
+        let pairs = runs.iter().zip(&f32_runs);
+        pairs.fold(0.0f32, |m, (a, b)| {
+            m.max(max_diff(&a.prompt_logits, &b.prompt_logits))
+        })
+    };
+    let q5 = worst_vs_f32(&base[0].runs);
+    let q8 = worst_vs_f32(&fixture("model.Q8_0.gguf")[0].runs);
+    let q4 = worst_vs_f32(&fixture("model.Q4_0.gguf")[0].runs);
+    eprintln!("max |Δlogit| vs F32: Q8_0 {q8:.2}, Q5_0/Q5_1 {q5:.2}, Q4_0 {q4:.2}");
+    assert!(q8 < q5 && q5 < q4, "Q8_0 {q8}, Q5 {q5}, Q4_0 {q4}");
+    check_splits(&path, &prompts, &base[0], &[(2, 0), (4, 2)]);
+}
+
+#[test]
+fn new_k_types_fall_back_to_f32_inside_their_256_value_blocks() {
+    // llama-kquant (every row 256 values: one block) with o_proj in Q5_K, gate in Q3_K, up in
+    // IQ4_XS and the rest in Q2_K (written by make_quant_fixtures.py). Splitting o_proj's or
+    // down_proj's columns cuts their single block: both are dequantized on every rank;
+    // the column-parallel projections keep their types. At tp = 1 those two run through the
+    // AVX2 Q5_K and Q2_K kernels, split they are dequantized: the runs agree only if both do.
+    let path = repo_root().join("fixtures/quant/llama-kquant.new-k-types.gguf");
+    let prompts = expected("llama-kquant").prompts;
+    let base = run_group(&path, 1, &prompts, 8);
+    assert_eq!(base[0].dequantized, 0);
+    check_splits(&path, &prompts, &base[0], &[(2, 2), (4, 2)]);
 }
 
 #[test]

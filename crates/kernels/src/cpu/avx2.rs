@@ -15,6 +15,11 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::iq4::IQ4_LEVELS;
+
+mod k_quants;
+pub use k_quants::{dot_iq4_xs, dot_q2_k, dot_q3_k, dot_q5_k};
+
 /// Sums the 8 lanes of `v`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -188,15 +193,72 @@ unsafe fn block_dot(q: &[__m256; 4], x: &[f32], xb: usize) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn unpack_nibbles(qs: __m128i, offset: __m128i) -> [__m256; 4] {
+    let (lo, hi) = split_nibbles(qs);
+    widen_32(_mm_sub_epi8(lo, offset), _mm_sub_epi8(hi, offset))
+}
+
+/// The low nibbles (values 0..16) and the high nibbles (values 16..32) of 16 bytes, one per
+/// byte.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn split_nibbles(qs: __m128i) -> (__m128i, __m128i) {
     let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_sub_epi8(_mm_and_si128(qs, mask), offset);
-    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), offset);
+    let lo = _mm_and_si128(qs, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
+    (lo, hi)
+}
+
+/// 32 signed bytes, values 0..16 in `lo` and 16..32 in `hi`, as 4 × 8 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn widen_32(lo: __m128i, hi: __m128i) -> [__m256; 4] {
     [
         widen_i8(lo),
         widen_i8(_mm_srli_si128::<8>(lo)),
         widen_i8(hi),
         widen_i8(_mm_srli_si128::<8>(hi)),
     ]
+}
+
+/// Bit 4 (0x10) of values 0..16 and 16..32 from the little-endian word `qh`, whose bit `i`
+/// is value `i`'s: byte `i` of the result is 0x10 when the bit is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn high_bits_32(qh: u32) -> (__m128i, __m128i) {
+    let word = _mm_cvtsi32_si128(qh as i32);
+    let bits = _mm_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let four = _mm_set1_epi8(0x10); // bit 4
+    // Byte i of `lo` / `hi` is the byte of `qh` that holds value i's bit (i / 8 and
+    // 2 + i / 8), and `bits` picks bit i mod 8 of it.
+    let lo = _mm_shuffle_epi8(word, _mm_set_epi64x(0x0101_0101_0101_0101, 0));
+    let hi = _mm_shuffle_epi8(
+        word,
+        _mm_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202),
+    );
+    (select_bytes(lo, bits, four), select_bytes(hi, bits, four))
+}
+
+/// `value` in each byte of `v` that has all the bits of `bits`' byte set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn select_bytes(v: __m128i, bits: __m128i, value: __m128i) -> __m128i {
+    _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, bits), bits), value)
+}
+
+/// The 16 IQ4 levels as a byte-shuffle table.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn iq4_table() -> __m128i {
+    // SAFETY: IQ4_LEVELS is 16 bytes.
+    unsafe { _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast()) }
+}
+
+/// The 32 values whose IQ4 level indices are the nibbles of `qs`, as 4 × 8 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn unpack_iq4(qs: __m128i, table: __m128i) -> [__m256; 4] {
+    let (lo, hi) = split_nibbles(qs);
+    widen_32(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi))
 }
 
 /// The low 8 bytes of `part` as signed integers, converted to 8 floats.
@@ -263,6 +325,42 @@ fn for_each_block_pair<const BYTES: usize>(
     }
 }
 
+/// Σ over the 32-value blocks of a row of `d · Σ q·x`, with `d` the f16 at byte 0 of each
+/// `BYTES`-byte block and `q` its 32 values as `unpack` gives them: the body of the
+/// kernels of the 32-value types, which differ only in `unpack` (and a min term after).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_scaled_blocks<const BYTES: usize, const T: usize>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    unpack: impl Fn(&[u8; BYTES]) -> [__m256; 4],
+) -> [f32; T] {
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    for_each_block_pair::<BYTES>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            let q = unpack(block);
+            let d = _mm256_set1_ps(f16_at(block, 0));
+            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+        },
+    );
+    finish(totals)
+}
+
+/// Loads `bytes[at..at + 16]`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load16(bytes: &[u8], at: usize) -> __m128i {
+    let part = &bytes[at..at + 16];
+    // SAFETY: `part` is 16 bytes (the slice above is bounds-checked).
+    unsafe { _mm_loadu_si128(part.as_ptr().cast()) }
+}
+
 /// Q8_0 row: blocks of (f16 d, 32 × i8).
 ///
 /// # Safety
@@ -270,27 +368,15 @@ fn for_each_block_pair<const BYTES: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<34>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 2..34 are inside the block.
-            let q = unsafe {
-                let at = |k: usize| _mm_loadl_epi64(block.as_ptr().add(2 + 8 * k).cast());
-                [
-                    widen_i8(at(0)),
-                    widen_i8(at(1)),
-                    widen_i8(at(2)),
-                    widen_i8(at(3)),
-                ]
-            };
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<34, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| widen_32(load16(block, 2), load16(block, 18)),
+        )
+    }
 }
 
 /// Q4_0 row: blocks of (f16 d, 16 bytes of nibbles); value = d·(q − 8).
@@ -301,20 +387,15 @@ pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let eight = _mm_set1_epi8(8);
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<18>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 2..18 are inside the block.
-            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(2).cast()) };
-            let q = unpack_nibbles(qs, eight);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    finish(totals)
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<18, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_nibbles(load16(block, 2), eight),
+        )
+    }
 }
 
 /// Q4_1 row: blocks of (f16 d, f16 m, 16 bytes of nibbles); value = d·q + m.
@@ -328,28 +409,137 @@ pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
     let zero = _mm_setzero_si128();
-    let mut totals = [[_mm256_setzero_ps(); T]; 2];
-    for_each_block_pair::<20>(
-        w,
-        #[inline(always)]
-        |block, b, parity| {
-            // SAFETY: bytes 4..20 are inside the block.
-            let qs = unsafe { _mm_loadu_si128(block.as_ptr().add(4).cast()) };
-            let q = unpack_nibbles(qs, zero);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
-        },
-    );
-    // The min terms in a pass of their own: the same operations in the same order as in the
-    // block loop, without holding on to registers and bounds checks there.
-    let mut out = finish(totals);
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        dot_min_blocks::<20, T>(
+            w,
+            xs,
+            sums,
+            #[inline(always)]
+            |block| unpack_nibbles(load16(block, 4), zero),
+        )
+    }
+}
+
+/// [`dot_scaled_blocks`] plus the min terms of a Q4_1 or Q5_1 row ([`add_min_terms`]).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` and
+/// `sums[t].len() == x.len() / 32` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_min_blocks<const BYTES: usize, const T: usize>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    sums: [&[f32]; T],
+    unpack: impl Fn(&[u8; BYTES]) -> [__m256; 4],
+) -> [f32; T] {
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        let mut out = dot_scaled_blocks::<BYTES, T>(w, xs, unpack);
+        add_min_terms::<BYTES, T>(&mut out, w, sums);
+        out
+    }
+}
+
+/// Adds `Σ_b m_b · sums[b]` to each vector's total, for the blocks of a Q4_1 or Q5_1 row
+/// (f16 minimum `m` at byte 2 of each `BYTES`-byte block): the min terms, in a pass of their
+/// own, with the same operations in the same order for every vector, without holding on to
+/// registers and bounds checks in the block loop.
+///
+/// # Safety
+/// Needs AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
+    out: &mut [f32; T],
+    w: &[u8],
+    sums: [&[f32]; T],
+) {
     for (total, sums) in out.iter_mut().zip(sums) {
         let mut mins = [0.0f32; 2];
-        for (b, (block, sum)) in w.chunks_exact(20).zip(sums).enumerate() {
+        for (b, (block, sum)) in w.chunks_exact(BYTES).zip(sums).enumerate() {
             mins[b & 1] += f16_at(block, 2) * sum;
         }
         *total = *total + mins[0] + mins[1];
     }
-    out
+}
+
+/// Q5_0 row: blocks of (f16 d, u32 high bits, 16 bytes of nibbles); value = d·(q − 16).
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 22` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let sixteen = _mm_set1_epi8(16);
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<22, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_q5(block, 2, sixteen),
+        )
+    }
+}
+
+/// Q5_1 row: blocks of (f16 d, f16 m, u32 high bits, 16 bytes of nibbles); value = d·q + m,
+/// the min terms as in [`dot_q4_1`].
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 24` and `sums[t].len() == x.len() / 32`
+/// for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
+    let zero = _mm_setzero_si128();
+    // SAFETY: same features, row length and sums (the caller's contract).
+    unsafe {
+        dot_min_blocks::<24, T>(
+            w,
+            xs,
+            sums,
+            #[inline(always)]
+            |block| unpack_q5(block, 4, zero),
+        )
+    }
+}
+
+/// The 32 quants of a Q5_0 or Q5_1 block minus `offset`, whose high-bit word sits at
+/// `block[qh_at..]` and 16 bytes of nibbles right after it.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn unpack_q5(block: &[u8], qh_at: usize, offset: __m128i) -> [__m256; 4] {
+    let qh = u32::from_le_bytes([
+        block[qh_at],
+        block[qh_at + 1],
+        block[qh_at + 2],
+        block[qh_at + 3],
+    ]);
+    let (lo, hi) = split_nibbles(load16(block, qh_at + 4));
+    let (bit_lo, bit_hi) = high_bits_32(qh);
+    widen_32(
+        _mm_sub_epi8(_mm_or_si128(lo, bit_lo), offset),
+        _mm_sub_epi8(_mm_or_si128(hi, bit_hi), offset),
+    )
+}
+
+/// IQ4_NL row: blocks of (f16 d, 16 bytes of level indices); value = d·LEVELS[q].
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * 18` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_nl<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let table = iq4_table();
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_scaled_blocks::<18, T>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| unpack_iq4(load16(block, 2), table),
+        )
+    }
 }

@@ -10,14 +10,14 @@ use super::Features;
 use crate::{DType, KernelError, quant};
 
 /// Activation vectors prepared for many row dot products: `n` vectors of `cols` values laid
-/// out one after another, plus the per-32-block sums that the Q4_1 min term needs, computed
-/// once instead of once per row.
+/// out one after another, plus the per-32-block sums that the Q4_1 and Q5_1 min terms need,
+/// computed once instead of once per row.
 #[derive(Debug)]
 pub struct BatchDot<'a> {
     dtype: DType,
     cols: usize,
     xs: &'a [f32],
-    /// `cols / 32` sums per vector (Q4_1 only).
+    /// `cols / 32` sums per vector (Q4_1 and Q5_1 only).
     block_sums: Vec<f32>,
     features: Features,
 }
@@ -33,7 +33,7 @@ impl<'a> BatchDot<'a> {
                 actual: xs.len(),
             });
         }
-        let block_sums = if dtype == DType::Q4_1 {
+        let block_sums = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
             xs.chunks(32).map(|c| c.iter().sum()).collect()
         } else {
             Vec::new()
@@ -116,7 +116,7 @@ impl<'a> BatchDot<'a> {
         std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols])
     }
 
-    /// The Q4_1 block sums of `T` vectors from `first` on (empty slices for other types).
+    /// The Q4_1 / Q5_1 block sums of `T` vectors from `first` on (empty slices for other types).
     fn sums<const T: usize>(&self, first: usize) -> [&[f32]; T] {
         let blocks = self.cols / 32;
         if self.block_sums.is_empty() {
@@ -158,7 +158,8 @@ impl<'a> BatchDot<'a> {
             use super::avx2;
             // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_rows` checked
             // that every row holds exactly the bytes of `cols` values of `dtype`, and every
-            // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1.
+            // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1 and
+            // Q5_1.
             unsafe {
                 match self.dtype {
                     DType::F32 => each_row!(row, xs, _s, avx2::dot_f32(&bytemuck_f32(row), xs)),
@@ -167,6 +168,13 @@ impl<'a> BatchDot<'a> {
                     DType::Q8_0 => each_row!(row, xs, _s, avx2::dot_q8_0(row, xs)),
                     DType::Q4_0 => each_row!(row, xs, _s, avx2::dot_q4_0(row, xs)),
                     DType::Q4_1 => each_row!(row, xs, sums, avx2::dot_q4_1(row, xs, sums)),
+                    DType::Q5_0 => each_row!(row, xs, _s, avx2::dot_q5_0(row, xs)),
+                    DType::Q5_1 => each_row!(row, xs, sums, avx2::dot_q5_1(row, xs, sums)),
+                    DType::Q5K => each_row!(row, xs, _s, avx2::dot_q5_k(row, xs)),
+                    DType::Q3K => each_row!(row, xs, _s, avx2::dot_q3_k(row, xs)),
+                    DType::Q2K => each_row!(row, xs, _s, avx2::dot_q2_k(row, xs)),
+                    DType::IQ4NL => each_row!(row, xs, _s, avx2::dot_iq4_nl(row, xs)),
+                    DType::IQ4XS => each_row!(row, xs, _s, avx2::dot_iq4_xs(row, xs)),
                     DType::Q4K | DType::Q6K => each_row!(
                         row,
                         xs,

@@ -1,4 +1,5 @@
-//! K-quants Q4_K and Q6_K: super-blocks of 256 values with per-sub-block scales.
+//! K-quants Q4_K, Q5_K and Q6_K: super-blocks of 256 values with per-sub-block scales
+//! (Q2_K and Q3_K are in [`super::k_quants_small`]).
 //!
 //! Q4_K, 144 bytes (GGML `block_q4_K`): 8 sub-blocks of 32 values, each with a 6-bit scale
 //! `sc` and 6-bit minimum `m`; `x = (d·sc)·q − (dmin·m)` with 4-bit `q`.
@@ -12,6 +13,19 @@
 //!
 //! The quants come in 4 chunks of 32 bytes; chunk `c` holds sub-block `2c` in its low
 //! nibbles and sub-block `2c + 1` in its high nibbles.
+//!
+//! Q5_K, 176 bytes (GGML `block_q5_K`): Q4_K with a fifth bit per quant,
+//! `x = (d·sc)·q − (dmin·m)` with 5-bit `q`.
+//!
+//! | bytes   | field    | meaning                                          |
+//! |---------|----------|--------------------------------------------------|
+//! | 0..2    | `d`      | f16 super-block scale of the sub-block scales    |
+//! | 2..4    | `dmin`   | f16 super-block scale of the sub-block minimums  |
+//! | 4..16   | `scales` | packed as in Q4_K                                |
+//! | 16..48  | `qh`     | bit 4 of the quants                              |
+//! | 48..176 | `qs`     | 256 × low 4 bits, laid out as in Q4_K            |
+//!
+//! Value `l` (0..32) of sub-block `s` takes bit `s` of `qh[l]` as its bit 4.
 //!
 //! Q6_K, 210 bytes (GGML `block_q6_K`): 16 sub-blocks of 16 values with signed 8-bit scales;
 //! `x = (d·sc)·(q − 32)` with 6-bit `q` split into 4 low bits (`ql`) and 2 high bits (`qh`).
@@ -46,6 +60,13 @@ pub const Q4_K_QS_OFFSET: usize = 16;
 /// Values in one Q4_K sub-block.
 pub const Q4_K_SUB_BLOCK: usize = 32;
 
+/// Bytes of one Q5_K block.
+pub const BLOCK_Q5_K_BYTES: usize = 176;
+/// Byte offset of the Q5_K high bits.
+pub const Q5_K_QH_OFFSET: usize = 16;
+/// Byte offset of the Q5_K low 4 bits of the quants.
+pub const Q5_K_QS_OFFSET: usize = 48;
+
 /// Bytes of one Q6_K block.
 pub const BLOCK_Q6_K_BYTES: usize = 210;
 /// Byte offset of the Q6_K high bits.
@@ -78,25 +99,58 @@ pub fn q4_k_scale_min(j: usize, scales: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 /// Dequantizes one Q4_K block.
 #[inline]
 pub fn dequantize_block_q4_k(block: &[u8; BLOCK_Q4_K_BYTES], out: &mut [f32; QK_K]) {
+    dequantize_scale_min_block::<false>(block, &block[Q4_K_QS_OFFSET..], &[0; 32], out);
+}
+
+/// Dequantizes one Q5_K block.
+#[inline]
+pub fn dequantize_block_q5_k(block: &[u8; BLOCK_Q5_K_BYTES], out: &mut [f32; QK_K]) {
+    let mut qh = [0u8; 32];
+    qh.copy_from_slice(&block[Q5_K_QH_OFFSET..Q5_K_QS_OFFSET]);
+    dequantize_scale_min_block::<true>(block, &block[Q5_K_QS_OFFSET..], &qh, out);
+}
+
+/// The sub-block scales of a Q4_K or Q5_K block as f32 pairs `(d·sc, dmin·m)`, from the
+/// block's first 16 bytes.
+#[inline]
+pub fn scale_min_pairs(block: &[u8]) -> [(f32, f32); 8] {
     let d = f16_le_to_f32([block[0], block[1]]);
     let dmin = f16_le_to_f32([block[2], block[3]]);
     let mut scales = [0u8; K_SCALE_SIZE];
     scales.copy_from_slice(&block[Q4_K_SCALES_OFFSET..Q4_K_QS_OFFSET]);
-    let qs = &block[Q4_K_QS_OFFSET..];
+    std::array::from_fn(|j| {
+        let (sc, m) = q4_k_scale_min(j, &scales);
+        (d * f32::from(sc), dmin * f32::from(m))
+    })
+}
+
+/// Q4_K and Q5_K: `(d·sc)·q − (dmin·m)` for each of the 8 sub-blocks, with the 4 low bits of
+/// `q` from the 128 nibble bytes `qs` and, if `FIVE_BITS` (Q5_K), bit 4 from the 32 bytes
+/// `qh`. A constant rather than a run-time flag: the Q4_K loop stays as fast as without it.
+#[inline]
+fn dequantize_scale_min_block<const FIVE_BITS: bool>(
+    block: &[u8],
+    qs: &[u8],
+    qh: &[u8; 32],
+    out: &mut [f32; QK_K],
+) {
+    let pairs = scale_min_pairs(block);
     // Each 32-byte chunk of quants feeds two sub-blocks of 32 values: 64 outputs.
     for (c, (chunk, out64)) in qs
         .chunks_exact(32)
         .zip(out.chunks_exact_mut(64))
         .enumerate()
     {
-        let (sc_lo, m_lo) = q4_k_scale_min(2 * c, &scales);
-        let (sc_hi, m_hi) = q4_k_scale_min(2 * c + 1, &scales);
-        let (d_lo, min_lo) = (d * f32::from(sc_lo), dmin * f32::from(m_lo));
-        let (d_hi, min_hi) = (d * f32::from(sc_hi), dmin * f32::from(m_hi));
+        let (d_lo, min_lo) = pairs[2 * c];
+        let (d_hi, min_hi) = pairs[2 * c + 1];
         let (lo, hi) = out64.split_at_mut(Q4_K_SUB_BLOCK);
-        for ((l, h), &byte) in lo.iter_mut().zip(hi).zip(chunk) {
-            *l = d_lo * f32::from(byte & 0x0f) - min_lo;
-            *h = d_hi * f32::from(byte >> 4) - min_hi;
+        for (((o_lo, o_hi), &byte), &h) in lo.iter_mut().zip(hi).zip(chunk).zip(qh) {
+            let (bit_lo, bit_hi) = match FIVE_BITS {
+                true => (((h >> (2 * c)) & 1) << 4, ((h >> (2 * c + 1)) & 1) << 4),
+                false => (0, 0),
+            };
+            *o_lo = d_lo * f32::from((byte & 0x0f) | bit_lo) - min_lo;
+            *o_hi = d_hi * f32::from((byte >> 4) | bit_hi) - min_hi;
         }
     }
 }
@@ -160,14 +214,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn q4_k_hand_built_block() {
-        let mut block = [0u8; BLOCK_Q4_K_BYTES];
+    /// The scale fields of the hand-built Q4_K and Q5_K blocks: d = 0.5, dmin = 0.25,
+    /// sc = [1, 2, 3, 4, 5, 6, 7, 40], m = [0, 4, 0, 0, 0, 0, 0, 20].
+    fn put_scales(block: &mut [u8]) {
         block[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
         block[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes());
         let sc = [1, 2, 3, 4, 5, 6, 7, 40];
         let m = [0, 4, 0, 0, 0, 0, 0, 20];
         block[4..16].copy_from_slice(&pack_scales(sc, m));
+    }
+
+    #[test]
+    fn q4_k_hand_built_block() {
+        let mut block = [0u8; BLOCK_Q4_K_BYTES];
+        put_scales(&mut block);
         block[16] = 0x3a; // value 0: q = 10, sub-block 0; value 32: q = 3, sub-block 1
         block[143] = 0xf0; // value 223: q = 0, sub-block 6; value 255: q = 15, sub-block 7
         let mut out = [f32::NAN; QK_K];
@@ -177,6 +237,26 @@ mod tests {
         assert_eq!(out[33], -1.0); // q = 0 in sub-block 1
         assert_eq!(out[223], 0.0);
         assert_eq!(out[255], 0.5 * 40.0 * 15.0 - 0.25 * 20.0);
+    }
+
+    #[test]
+    fn q5_k_high_bits_pick_the_sub_block_bit() {
+        let mut block = [0u8; BLOCK_Q5_K_BYTES];
+        put_scales(&mut block);
+        // qh[0]: bit 0 for value 0 (sub-block 0), bit 7 for value 224 (sub-block 7);
+        // qh[5]: bit 1 for value 32 + 5 (sub-block 1).
+        block[16] = 0b1000_0001;
+        block[21] = 0b0000_0010;
+        block[48] = 0x3a; // value 0: low 4 bits 10; value 32: 3
+        block[48 + 96] = 0xf0; // value 192: low 4 bits 0 (sub-block 6); value 224: 15
+        let mut out = [f32::NAN; QK_K];
+        dequantize_block_q5_k(&block, &mut out);
+        assert_eq!(out[0], 0.5 * 1.0 * 26.0);
+        assert_eq!(out[32], 0.5 * 2.0 * 3.0 - 0.25 * 4.0);
+        assert_eq!(out[37], 0.5 * 2.0 * 16.0 - 0.25 * 4.0);
+        assert_eq!(out[192], 0.0);
+        assert_eq!(out[224], 0.5 * 40.0 * 31.0 - 0.25 * 20.0);
+        assert_eq!(out[225], -5.0); // q = 0 in sub-block 7
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! GGML block formats: byte layouts, dequantization, and the scalar reference dot product.
 //!
 //! This module owns the meaning of the bytes of a weight row in every [`DType`]: the layouts
-//! of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K exactly as GGML defines them (`ggml-common.h`, and
-//! gguf-py's `quants.py`, which the fixture tests compare against bit for bit), plus the
-//! float types F32, F16 and BF16 seen as one-value blocks.
+//! of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS exactly
+//! as GGML defines them (`ggml-common.h`, and gguf-py's `quants.py`, which the fixture tests
+//! compare against bit for bit), plus the float types F32, F16 and BF16 seen as one-value
+//! blocks.
 //!
 //! - [`dequantize_row`]: one stored row to f32.
 //! - [`dot_row`]: one stored row · an f32 vector, block by block ([`dot_rows`]: · several
@@ -11,17 +12,24 @@
 //!   reference that the SIMD kernels are tested against: it accumulates in f64, so its own
 //!   rounding error is far below any f32 kernel's.
 //! - Per-format block functions and layout constants, public so SIMD kernels reuse them:
-//!   [`float`], [`q8_0`], [`q4`] (Q4_0, Q4_1), [`k_quants`] (Q4_K, Q6_K).
+//!   [`float`], [`q8_0`], [`q4`] (Q4_0, Q4_1), [`q5`] (Q5_0, Q5_1), [`k_quants`] (Q4_K,
+//!   Q5_K, Q6_K), [`k_quants_small`] (Q2_K, Q3_K), [`iq4`] (IQ4_NL, IQ4_XS).
 //!
 //! Nothing here allocates.
 
 pub mod float;
+pub mod iq4;
 pub mod k_quants;
+pub mod k_quants_small;
 pub mod q4;
+pub mod q5;
 pub mod q8_0;
 
-pub use k_quants::{dequantize_block_q4_k, dequantize_block_q6_k};
+pub use iq4::{dequantize_block_iq4_nl, dequantize_block_iq4_xs};
+pub use k_quants::{dequantize_block_q4_k, dequantize_block_q5_k, dequantize_block_q6_k};
+pub use k_quants_small::{dequantize_block_q2_k, dequantize_block_q3_k};
 pub use q4::{dequantize_block_q4_0, dequantize_block_q4_1};
+pub use q5::{dequantize_block_q5_0, dequantize_block_q5_1};
 pub use q8_0::{dequantize_block_q8_0, quantize_block_q8_0, quantize_row_q8_0};
 
 use crate::DType;
@@ -42,6 +50,13 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         DType::Q4_1 => dequantize_blocks(src, dst, dequantize_block_q4_1),
         DType::Q4K => dequantize_blocks(src, dst, dequantize_block_q4_k),
         DType::Q6K => dequantize_blocks(src, dst, dequantize_block_q6_k),
+        DType::Q5_0 => dequantize_blocks(src, dst, dequantize_block_q5_0),
+        DType::Q5_1 => dequantize_blocks(src, dst, dequantize_block_q5_1),
+        DType::Q5K => dequantize_blocks(src, dst, dequantize_block_q5_k),
+        DType::Q3K => dequantize_blocks(src, dst, dequantize_block_q3_k),
+        DType::Q2K => dequantize_blocks(src, dst, dequantize_block_q2_k),
+        DType::IQ4NL => dequantize_blocks(src, dst, dequantize_block_iq4_nl),
+        DType::IQ4XS => dequantize_blocks(src, dst, dequantize_block_iq4_xs),
     }
     Ok(())
 }
@@ -73,8 +88,33 @@ pub fn dot_rows<const T: usize>(
         DType::Q4_1 => dot_blocks(src, xs, dequantize_block_q4_1),
         DType::Q4K => dot_blocks(src, xs, dequantize_block_q4_k),
         DType::Q6K => dot_blocks(src, xs, dequantize_block_q6_k),
+        DType::Q5_0 => dot_blocks(src, xs, dequantize_block_q5_0),
+        DType::Q5_1 => dot_blocks(src, xs, dequantize_block_q5_1),
+        DType::Q5K => dot_blocks(src, xs, dequantize_block_q5_k),
+        DType::Q3K => dot_blocks(src, xs, dequantize_block_q3_k),
+        DType::Q2K => dot_blocks(src, xs, dequantize_block_q2_k),
+        DType::IQ4NL => dot_blocks(src, xs, dequantize_block_iq4_nl),
+        DType::IQ4XS => dot_blocks(src, xs, dequantize_block_iq4_xs),
     };
     Ok(sums.map(|sum| sum as f32))
+}
+
+/// The byte offsets, in one block of `dtype`, of its f16 scale fields (`d`, and `m` or
+/// `dmin` where the format has one); empty for the float types. Every other byte of a
+/// quantized block is quant bits or packed sub-block scales, for which any value is valid:
+/// tests fill blocks with random bytes and put finite scales at these offsets.
+pub const fn f16_scale_offsets(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => &[],
+        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q6K => &[k_quants::Q6_K_D_OFFSET],
+        DType::Q3K => &[k_quants_small::Q3_K_D_OFFSET],
+        DType::Q2K => &[
+            k_quants_small::Q2_K_D_OFFSET,
+            k_quants_small::Q2_K_D_OFFSET + 2,
+        ],
+    }
 }
 
 /// Checks that `actual_bytes` is the size of a row of `cols` values of `dtype`.
@@ -158,9 +198,7 @@ mod tests {
                 }
                 &[]
             }
-            DType::Q8_0 | DType::Q4_0 => &[0],
-            DType::Q4_1 | DType::Q4K => &[0, 2],
-            DType::Q6K => &[208],
+            _ => f16_scale_offsets(dtype),
         };
         for block in row.chunks_exact_mut(dtype.block_bytes()) {
             for &off in f16_fields {

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
 use tessera_kernels::matmul::{MatRef, matmul, matmul_reference};
-use tessera_kernels::quant::dequantize_row;
+use tessera_kernels::quant::{dequantize_row, f16_scale_offsets};
 
 /// Random stored rows of `dtype` with finite, moderate scales.
 pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -34,17 +34,12 @@ pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> 
             }
         }
         _ => {
-            // Scale fields: d (and the min) at the block start; Q6_K keeps d at its end.
+            // Scale fields: d, and the min (or dmin) where the format has one.
             for block in data.chunks_exact_mut(dtype.block_bytes()) {
                 let d = f16(rng.random_range(0.001..0.05));
                 let m = f16(rng.random_range(-0.05..0.05));
-                match dtype {
-                    DType::Q6K => block[208..210].copy_from_slice(&d),
-                    DType::Q4_1 | DType::Q4K => {
-                        block[0..2].copy_from_slice(&d);
-                        block[2..4].copy_from_slice(&m);
-                    }
-                    _ => block[0..2].copy_from_slice(&d),
+                for (k, &at) in f16_scale_offsets(dtype).iter().enumerate() {
+                    block[at..at + 2].copy_from_slice(if k == 0 { &d } else { &m });
                 }
             }
         }

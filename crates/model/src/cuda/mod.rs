@@ -183,6 +183,14 @@ impl CudaLlama {
             })?;
         let blas = Blas::new(device.ordinal(), Arc::clone(&stream))?;
         let ops = Ops::new(&device, Arc::clone(&stream));
+        let converted = weights::dequantized_at_upload(llama.projection_weights());
+        if !converted.is_empty() {
+            let names: Vec<&str> = converted.iter().map(|d| d.name()).collect();
+            info!(
+                types = %names.join(", "),
+                "no device kernel reads these weight types: dequantized to bf16 at upload"
+            );
+        }
         let mut layers = Vec::with_capacity(llama.layers.len());
         for layer in &llama.layers {
             let attn_in = match path {

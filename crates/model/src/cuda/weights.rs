@@ -1,6 +1,7 @@
 //! A rank's weights on the device. Q8_0 and Q4_K projections stay quantized and run
 //! through the dequantizing matvec kernels; every other type is converted to bf16 once,
-//! at upload, and runs through cuBLAS. Norms and biases are f32.
+//! at upload, and runs through cuBLAS (the quantized ones among them are named in one log
+//! line, see [`dequantized_at_upload`]). Norms and biases are f32.
 
 use rayon::prelude::*;
 use tessera_kernels::DType;
@@ -32,6 +33,20 @@ pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
 /// Whether the device keeps weights of `dtype` as stored (a matvec kernel reads them).
 fn stays_quantized(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q4K)
+}
+
+/// The quantized types among `weights` that no device kernel reads, so that they are
+/// dequantized to bf16 at upload (Q5_0, Q2_K, IQ4_XS, ...), each once, in the order met.
+pub(crate) fn dequantized_at_upload<'w>(
+    weights: impl IntoIterator<Item = &'w Weight>,
+) -> Vec<DType> {
+    let mut types = Vec::new();
+    for w in weights {
+        if w.dtype.is_quantized() && !stays_quantized(w.dtype) && !types.contains(&w.dtype) {
+            types.push(w.dtype);
+        }
+    }
+    types
 }
 
 /// A weight matrix on the device.
@@ -154,5 +169,48 @@ impl DeviceLinear {
                 ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::weights::Storage;
+
+    fn zeros(dtype: DType) -> Weight {
+        let cols = dtype.block_elems().max(32);
+        let bytes = vec![0u8; dtype.row_bytes(cols).unwrap()];
+        Weight::new(
+            Path::new("t"),
+            "w",
+            dtype,
+            1,
+            cols,
+            Storage::from_vec(bytes),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn types_without_a_device_kernel_are_named_once_each() {
+        let ws = [
+            DType::Q5_0,
+            DType::Q8_0,
+            DType::F32,
+            DType::IQ4XS,
+            DType::Q5_0,
+            DType::Q4K,
+            DType::BF16,
+            DType::Q2K,
+        ]
+        .map(zeros);
+        assert_eq!(
+            dequantized_at_upload(&ws),
+            [DType::Q5_0, DType::IQ4XS, DType::Q2K]
+        );
+        let kept = [DType::Q8_0, DType::Q4K, DType::F16].map(zeros);
+        assert!(dequantized_at_upload(&kept).is_empty());
     }
 }

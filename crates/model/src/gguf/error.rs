@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use tessera_kernels::DType;
 
 /// The names of the GGML types Tessera reads, for error messages.
-pub const SUPPORTED_TYPES: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K";
+pub const SUPPORTED_TYPES: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_0, Q5_1, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS";
 
 /// A GGUF file could not be opened, or a part of it is malformed or not supported.
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +227,7 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(ggml_type_name(d.ggml_id()), d.name());
         }
-        assert_eq!(ggml_type_name(13), "Q5_K");
+        assert_eq!(ggml_type_name(16), "IQ2_XXS");
         assert_eq!(ggml_type_name(1000), "unknown");
     }
 
@@ -235,13 +236,14 @@ mod tests {
         let err = GgufError::UnsupportedType {
             path: "m.gguf".into(),
             tensor: "blk.0.ffn_up.weight".into(),
-            type_id: 13,
-            type_name: ggml_type_name(13),
+            type_id: 16,
+            type_name: ggml_type_name(16),
         };
         assert_eq!(
             err.to_string(),
-            "m.gguf: tensor blk.0.ffn_up.weight has GGML type 13 (Q5_K), which Tessera does not \
-             support; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K"
+            "m.gguf: tensor blk.0.ffn_up.weight has GGML type 16 (IQ2_XXS), which Tessera does \
+             not support; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_0, Q5_1, \
+             Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS"
         );
     }
 }

@@ -1,0 +1,206 @@
+//! AVX2 row-dots of the 256-value types Q5_K, Q3_K, Q2_K and IQ4_XS, on the helpers and the
+//! contract of the parent module.
+//!
+//! A block is taken as 8 chunks of 32 values, each unpacked into 4 × 8 floats in registers
+//! and added into the running totals like one 32-value block of Q8_0 (`accumulate_block`,
+//! chunk `c` of block `i` at index `8i + c`); chunks alternate between the two sets of
+//! accumulators. Where one scale covers the chunk it multiplies the chunk's sum; where the
+//! chunk spans two 16-value sub-blocks or has a minimum, the weights are scaled in registers
+//! and the chunk's sum is added as it is.
+
+use std::arch::x86_64::*;
+
+use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32};
+use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
+use crate::quant::k_quants::{BLOCK_Q5_K_BYTES, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET, scale_min_pairs};
+use crate::quant::k_quants_small::{
+    BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q2_k_scales, q3_k_scales,
+};
+
+/// Σ over the 256-value blocks of a row, chunk by chunk: `prepare(block)` once per block
+/// (its scales), then for each chunk `c` in 0..8, `chunk(block, &prepared, c)` gives the
+/// chunk's 32 values as 4 × 8 floats and the scale of their dot with `x`. Chunks alternate
+/// between two sets of accumulators, two at a time so that the choice is static.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * BYTES` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_chunks<const BYTES: usize, const T: usize, P>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    prepare: impl Fn(&[u8; BYTES]) -> P,
+    chunk: impl Fn(&[u8; BYTES], &P, usize) -> ([__m256; 4], __m256),
+) -> [f32; T] {
+    let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    let (blocks, _) = w.as_chunks::<BYTES>();
+    for (i, block) in blocks.iter().enumerate() {
+        let prepared = prepare(block);
+        for c in (0..8).step_by(2) {
+            let (q, scale) = chunk(block, &prepared, c);
+            // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
+            unsafe { accumulate_block(&mut totals[0], &q, scale, &xs, 8 * i + c) };
+            let (q, scale) = chunk(block, &prepared, c + 1);
+            // SAFETY: as above, for chunk c + 1 < 8.
+            unsafe { accumulate_block(&mut totals[1], &q, scale, &xs, 8 * i + c + 1) };
+        }
+    }
+    finish(totals)
+}
+
+/// Loads `block[at..at + 32]`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load32(block: &[u8], at: usize) -> __m256i {
+    let bytes = &block[at..at + 32];
+    // SAFETY: `bytes` is 32 bytes (the slice above is bounds-checked).
+    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+}
+
+/// 32 signed bytes as 4 × 8 floats, in byte order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn widen_256(v: __m256i) -> [__m256; 4] {
+    widen_32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+}
+
+/// 0xff in each byte of `v` that has bit `bit` (0..8) set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn bit_set(v: __m256i, bit: usize) -> __m256i {
+    let mask = _mm256_set1_epi8((1u8 << bit) as i8);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask)
+}
+
+/// Bits `2j..2j + 2` of each byte of `v`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn two_bits(v: __m256i, j: usize) -> __m256i {
+    let shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x03))
+}
+
+/// `(d·q − m)` of each lane, for 8-lane parts `q` with the scale `d` and minimum `m` given
+/// per half (16 values) of the chunk.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn scale_min(q: [__m256; 4], halves: [(f32, f32); 2]) -> [__m256; 4] {
+    let (d0, m0) = (_mm256_set1_ps(halves[0].0), _mm256_set1_ps(halves[0].1));
+    let (d1, m1) = (_mm256_set1_ps(halves[1].0), _mm256_set1_ps(halves[1].1));
+    [
+        _mm256_fmsub_ps(d0, q[0], m0),
+        _mm256_fmsub_ps(d0, q[1], m0),
+        _mm256_fmsub_ps(d1, q[2], m1),
+        _mm256_fmsub_ps(d1, q[3], m1),
+    ]
+}
+
+/// Q5_K row: the Q4_K layout plus a fifth bit per quant; value = (d·sc)·q − dmin·m.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 176` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let (one, low) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(0x0f));
+    let four = _mm256_set1_epi8(0x10); // bit 4
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q5_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| (scale_min_pairs(block), load32(block, Q5_K_QH_OFFSET)),
+            // Chunk c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..], bit c of qh.
+            #[inline(always)]
+            |block, (pairs, qh), c| {
+                let nibbles = load32(block, Q5_K_QS_OFFSET + 32 * (c / 2));
+                let nibbles = match c % 2 {
+                    0 => nibbles,
+                    _ => _mm256_srli_epi16::<4>(nibbles),
+                };
+                let high = _mm256_and_si256(bit_set(*qh, c), four);
+                let q = _mm256_or_si256(_mm256_and_si256(nibbles, low), high);
+                (scale_min(widen_256(q), [pairs[c]; 2]), one)
+            },
+        )
+    }
+}
+
+/// Q2_K row: value = (d·sc)·q − dmin·m with 2-bit `q`, 16-value sub-blocks.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 84` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q2_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let one = _mm256_set1_ps(1.0);
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q2_K_BYTES, T, _>(
+            w,
+            xs,
+            q2_k_scales,
+            // Chunk c = 4h + j: bits 2j.. of qs[32h..]; sub-blocks 2c and 2c + 1.
+            #[inline(always)]
+            |block, scales, c| {
+                let qs = load32(block, Q2_K_QS_OFFSET + 32 * (c / 4));
+                let q = widen_256(two_bits(qs, c % 4));
+                (scale_min(q, [scales[2 * c], scales[2 * c + 1]]), one)
+            },
+        )
+    }
+}
+
+/// Q3_K row: value = d·(sc − 32)·q with `q` the 2 low bits minus 4 unless the `hmask` bit is
+/// set, 16-value sub-blocks.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 110` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q3_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let (one, four) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(4));
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q3_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| (q3_k_scales(block), load32(block, 0)),
+            // Chunk c = 4h + j: bits 2j.. of qs[32h..], bit c of hmask; sub-blocks 2c, 2c + 1.
+            #[inline(always)]
+            |block, (scales, hmask), c| {
+                let qs = load32(block, Q3_K_QS_OFFSET + 32 * (c / 4));
+                let minus = _mm256_andnot_si256(bit_set(*hmask, c), four);
+                let q = widen_256(_mm256_sub_epi8(two_bits(qs, c % 4), minus));
+                let halves = [(scales[2 * c], 0.0), (scales[2 * c + 1], 0.0)];
+                (scale_min(q, halves), one)
+            },
+        )
+    }
+}
+
+/// IQ4_XS row: value = d·(sc − 32)·LEVELS[q], 32-value sub-blocks laid out as IQ4_NL blocks.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 136` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_xs<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let table = iq4_table();
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_IQ4_XS_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| f16_at(block, 0),
+            #[inline(always)]
+            |block, d, s| {
+                let q = unpack_iq4(load16(block, IQ4_XS_QS_OFFSET + 16 * s), table);
+                (q, _mm256_set1_ps(d * f32::from(iq4_xs_scale(s, block))))
+            },
+        )
+    }
+}
