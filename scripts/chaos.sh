@@ -20,7 +20,7 @@ seconds="${1:-${TESSERA_CHAOS_SECONDS:-180}}"
 seed="${2:-${TESSERA_CHAOS_SEED:-$(date +%s)}}"
 target="${CARGO_TARGET_DIR:-target}"
 [[ "$target" = /* ]] || target="$PWD/$target"
-bins=(-p tessera-cli -p tessera-coordinator -p tessera-shard)
+bins=(--profile test -p tessera-cli -p tessera-coordinator -p tessera-shard)
 
 scripts/get-demo-model.sh
 export TESSERA_REQUIRE_DEMO_MODEL=1
