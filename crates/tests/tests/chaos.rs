@@ -31,7 +31,7 @@ use serde_json::json;
 use tessera_tests::chaos::client::{self, MODEL, Outcome, Prompt, Spec};
 use tessera_tests::chaos::ledger::{Applied, Growth, Ledger, Sample};
 use tessera_tests::chaos::schedule::{Fault, Planned, Rng, Role, Schedule};
-use tessera_tests::netns::Net;
+use tessera_tests::netns::{self, Net};
 use tessera_tests::up::Up;
 use tessera_tests::{
     Cluster, GroupSpec, bin, demo_model, free_port, get, leader_seen_by, metric, open_fds,
@@ -93,13 +93,7 @@ impl Rig {
             let namespaces: Vec<(String, String)> = (1..=3)
                 .map(|i| (format!("coordinator-{i}"), net.ns(HOSTS[i - 1])))
                 .collect();
-            cluster.wrap = Box::new(move |name| {
-                namespaces
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, ns)| vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()])
-                    .unwrap_or_default()
-            });
+            cluster.wrap = netns::wrap(namespaces);
         }
         let coordinator = std::env::var_os("TESSERA_CHAOS_COORDINATOR")
             .map_or_else(|| bin("tessera-coordinator"), PathBuf::from);
