@@ -216,6 +216,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let log = std::env::var("TESSERA_LOG").ok();
     tessera_comm::logging::init(log.as_deref(), "info");
+    #[cfg(feature = "failpoints")]
+    let _failpoints = failpoints();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(error) => {
@@ -230,6 +232,46 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Feature `failpoints` (tests only): the failpoints `FAILPOINTS` sets at start, and those
+/// of the file `TESSERA_FAILPOINTS_FILE` names, read again whenever its text changes
+/// (`name=actions;…`, the `fail` crate's syntax; an empty or missing file removes them), so
+/// that a test can stall this peer's disk (`raft::before_persist=sleep(1500)`) for a while
+/// and heal it without a restart.
+#[cfg(feature = "failpoints")]
+fn failpoints() -> fail::FailScenario<'static> {
+    let scenario = fail::FailScenario::setup();
+    let Some(path) = std::env::var_os("TESSERA_FAILPOINTS_FILE") else {
+        return scenario;
+    };
+    info!(path = %Path::new(&path).display(), "failpoints: watching");
+    std::thread::spawn(move || {
+        let mut applied = String::new();
+        let mut names: Vec<String> = Vec::new();
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text != applied {
+                for name in names.drain(..) {
+                    fail::remove(name);
+                }
+                for spec in text.split(';').filter(|s| !s.trim().is_empty()) {
+                    let Some((name, actions)) = spec.split_once('=') else {
+                        warn!(spec, "failpoints: not name=actions");
+                        continue;
+                    };
+                    match fail::cfg(name.trim(), actions.trim()) {
+                        Ok(()) => names.push(name.trim().to_string()),
+                        Err(error) => warn!(spec, error, "failpoints: refused"),
+                    }
+                }
+                info!(failpoints = text.trim(), "failpoints: set");
+                applied = text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    scenario
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {

@@ -105,7 +105,6 @@ pub struct SseEvent {
 /// `last_event_id`) until `[DONE]`: the events, and whether `[DONE]` arrived (false when
 /// the connection broke first, or the status was not 200).
 pub fn sse(url: &str, body: Option<&Value>, last_event_id: Option<&str>) -> (Vec<SseEvent>, bool) {
-    use std::io::BufRead as _;
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(120)))
@@ -125,19 +124,31 @@ pub fn sse(url: &str, body: Option<&Value>, last_event_id: Option<&str>) -> (Vec
             request.call()
         }
     };
-    let mut events = Vec::new();
     let response = match response {
         Ok(r) => r,
         Err(error) => {
             eprintln!("sse {url}: {error}");
-            return (events, false);
+            return (Vec::new(), false);
         }
     };
     if response.status() != 200 {
         eprintln!("sse {url}: status {}", response.status());
-        return (events, false);
+        return (Vec::new(), false);
     }
-    let reader = std::io::BufReader::new(response.into_body().into_reader());
+    read_sse(
+        std::io::BufReader::new(response.into_body().into_reader()),
+        |_| true,
+    )
+}
+
+/// Server-sent events from `reader` until `[DONE]`, or until `more` says no after an event:
+/// the events, and whether `[DONE]` arrived (false when the stream broke first or `more`
+/// stopped it).
+pub fn read_sse(
+    reader: impl std::io::BufRead,
+    mut more: impl FnMut(&SseEvent) -> bool,
+) -> (Vec<SseEvent>, bool) {
+    let mut events = Vec::new();
     let mut id = None;
     for line in reader.lines() {
         let Ok(line) = line else {
@@ -154,6 +165,9 @@ pub fn sse(url: &str, body: Option<&Value>, last_event_id: Option<&str>) -> (Vec
             });
             if done {
                 return (events, true);
+            }
+            if !more(&events[events.len() - 1]) {
+                return (events, false);
             }
         }
     }

@@ -19,15 +19,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+pub mod chaos;
 mod http;
 pub mod netns;
+mod probe;
 pub mod up;
 
 pub use http::{
-    SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, post_with, sse, token_ids,
+    SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, post_with, read_sse, sse, token_ids,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+pub use probe::{leader_seen_by, open_fds, rss};
 use serde_json::{Value, json};
 
 /// The repository root: `TESSERA_REPO_ROOT` where a test binary runs away from its build
@@ -358,6 +361,17 @@ impl Cluster {
     /// Starts coordinator peer `id` (process `coordinator-<id>`) with [`TEST_API_KEY`] and
     /// [`TEST_ADMIN_KEY`].
     pub fn start_coordinator_peer(&mut self, id: usize) -> anyhow::Result<()> {
+        self.start_coordinator_peer_with(id, &bin("tessera-coordinator"), &[])
+    }
+
+    /// [`Cluster::start_coordinator_peer`] with this coordinator binary (one built with
+    /// other features) and extra environment.
+    pub fn start_coordinator_peer_with(
+        &mut self,
+        id: usize,
+        program: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
         let args = vec![
             "--topology".to_string(),
             self.topology.display().to_string(),
@@ -370,12 +384,7 @@ impl Cluster {
             "--admin-key".into(),
             TEST_ADMIN_KEY.into(),
         ];
-        self.spawn(
-            &format!("coordinator-{id}"),
-            &bin("tessera-coordinator"),
-            &args,
-            &[],
-        )
+        self.spawn(&format!("coordinator-{id}"), program, &args, env)
     }
 
     pub fn start_shard(&mut self, group: &str, rank: usize) -> anyhow::Result<()> {

@@ -115,6 +115,18 @@ impl Net {
     }
 }
 
+/// A [`crate::Cluster::wrap`] that runs each named process (`name`, namespace) in its
+/// namespace with `ip netns exec`, and any other in the root namespace.
+pub fn wrap(namespaces: Vec<(String, String)>) -> crate::Wrap {
+    Box::new(move |name| {
+        namespaces
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, ns)| vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()])
+            .unwrap_or_default()
+    })
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
         for name in &self.hosts {

@@ -3,7 +3,7 @@
 //! dropped.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -32,12 +32,39 @@ impl Up {
         let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], groups);
         let topology = dir.path().join("topology.toml");
         std::fs::write(&topology, text).expect("write topology");
+        Up::spawn(dir, topology, &[], env, format!("http://{http}"))
+    }
+
+    /// Starts `tessera up` for the processes of `host` alone in a topology written
+    /// elsewhere, with its certificates `certs` (a [`crate::Cluster`] prepared them and runs
+    /// the rest); `http` is the API to wait for (`http://host:port`).
+    pub fn start_host(
+        topology: &Path,
+        certs: &Path,
+        host: &str,
+        http: &str,
+        env: &[(&str, &str)],
+    ) -> Up {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let certs = certs.display().to_string();
+        let args = ["--host", host, "--certs", &certs];
+        Up::spawn(dir, topology.to_path_buf(), &args, env, http.to_string())
+    }
+
+    fn spawn(
+        dir: tempfile::TempDir,
+        topology: PathBuf,
+        args: &[&str],
+        env: &[(&str, &str)],
+        http: String,
+    ) -> Up {
         let log = std::fs::File::create(dir.path().join("up.log")).expect("log file");
         let mut command = Command::new(bin("tessera"));
         command
             .arg("up")
             .arg("--topology")
             .arg(&topology)
+            .args(args)
             .arg("--run-dir")
             .arg(dir.path().join("run"))
             .env("TESSERA_LOG", "info");
@@ -55,7 +82,7 @@ impl Up {
             child,
             dir,
             topology,
-            http: format!("http://{http}"),
+            http,
         }
     }
 

@@ -11,27 +11,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tessera_tests::{
-    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, metric, post, post_with, sse, token_ids,
+    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, leader_seen_by, metric, post,
+    post_with, sse, token_ids,
 };
-
-/// The leader's id as peer `url` itself sees it (`?local=true`: not forwarded), and its
-/// view.
-fn leader_seen_by(url: &str) -> Option<(u64, Value)> {
-    let (status, view) = get(&format!("{url}/v1/cluster?local=true")).ok()?;
-    if status != 200 {
-        return None;
-    }
-    let peers = view["peers"].as_array()?;
-    let leaders: Vec<u64> = peers
-        .iter()
-        .filter(|p| p["role"] == "leader")
-        .filter_map(|p| p["id"].as_u64())
-        .collect();
-    match leaders[..] {
-        [one] => Some((one, view)),
-        _ => None,
-    }
-}
 
 /// How the leader of peers `all` (peer `dead` is down) resumed the journal's open
 /// requests: (carried on from the shards' KV, recomputed).

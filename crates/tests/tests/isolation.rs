@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tessera_tests::netns::Net;
+use tessera_tests::netns::{self, Net};
 use tessera_tests::{
     Cluster, GroupSpec, fixture, free_port, get, peers_topology_text, post, token_ids,
 };
@@ -75,13 +75,7 @@ fn an_isolated_leader_steps_down_and_the_majority_serves() {
     let namespaces: Vec<(String, String)> = (1..=3)
         .map(|i| (format!("coordinator-{i}"), net.ns(hosts[i - 1])))
         .collect();
-    cluster.wrap = Box::new(move |name| {
-        namespaces
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, ns)| vec!["ip".into(), "netns".into(), "exec".into(), ns.clone()])
-            .unwrap_or_default()
-    });
+    cluster.wrap = netns::wrap(namespaces);
     for id in 1..=3 {
         cluster.start_coordinator_peer(id).expect("peer starts");
     }

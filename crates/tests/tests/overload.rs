@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tessera_tests::up::Up;
-use tessera_tests::{GroupSpec, demo_model, metric};
+use tessera_tests::{GroupSpec, demo_model, metric, rss};
 
 const MODEL: &str = "demo";
 /// Requests served at once: what keeps a served request's latency near the unloaded one
@@ -132,16 +132,6 @@ fn try_request(addr: &str, i: usize, kind: Kind) -> std::io::Result<End> {
         }
         _ => End::Wrong(text),
     })
-}
-
-/// The coordinator's resident memory in bytes.
-fn rss(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// The nearest-rank percentile `p` of `values`.
