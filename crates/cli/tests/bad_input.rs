@@ -117,7 +117,8 @@ fn missing_config_key_names_the_key() {
 
 #[test]
 fn unknown_quant_type_names_the_tensor_and_type() {
-    // A GGUF v3 file by hand: no metadata, one tensor of GGML type 13 (Q5_K), 256 values.
+    // A GGUF v3 file by hand: no metadata, one tensor of GGML type 16 (IQ2_XXS, which Tessera does not
+    // read), 256 values.
     let mut b = Vec::new();
     b.extend_from_slice(b"GGUF");
     b.extend_from_slice(&3u32.to_le_bytes());
@@ -129,18 +130,18 @@ fn unknown_quant_type_names_the_tensor_and_type() {
     b.extend_from_slice(&2u32.to_le_bytes());
     b.extend_from_slice(&256u64.to_le_bytes());
     b.extend_from_slice(&1u64.to_le_bytes());
-    b.extend_from_slice(&13u32.to_le_bytes());
+    b.extend_from_slice(&16u32.to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
-    b.resize(b.len().next_multiple_of(32) + 176, 0);
+    b.resize(b.len().next_multiple_of(32) + 66, 0);
     let tmp = tempfile::tempdir().unwrap();
-    let file = tmp.path().join("q5k.gguf");
+    let file = tmp.path().join("iq2.gguf");
     std::fs::write(&file, b).unwrap();
     let stderr = generate_fails(&file);
     assert!(
-        stderr.contains("q5k.gguf") && stderr.contains("blk.0.ffn_up.weight"),
+        stderr.contains("iq2.gguf") && stderr.contains("blk.0.ffn_up.weight"),
         "{stderr}"
     );
-    assert!(stderr.contains("Q5_K"), "{stderr}");
+    assert!(stderr.contains("IQ2_XXS"), "{stderr}");
 }
 
 #[test]
