@@ -91,8 +91,6 @@ pub enum CoordinatorError {
     /// `ending` is how its run ended, as the journal's tail says.
     #[error("the request ended unfinished ({ending}); retry")]
     EndedUnfinished { ending: String },
-    #[error("the request stopped on this peer; retry")]
-    StoppedOnPeer,
 
     // Peer membership.
     #[error("this coordinator is not replicated: it has no peers to change")]
@@ -165,7 +163,6 @@ impl CoordinatorError {
             | E::NoLeader
             | E::NotJournaled { .. }
             | E::EndedUnfinished { .. }
-            | E::StoppedOnPeer
             | E::MembershipNotCommitted { .. }
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }

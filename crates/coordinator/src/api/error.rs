@@ -15,7 +15,7 @@
 //! | `CapacityExhausted` | 429    | `overloaded_error`          | engine queues full, a queue wait too long, the API's limits ([`super::limits`]); `Retry-After` |
 //! | `Cancelled`         | 499    | `cancelled_error`           | engine cancelled the sequence       |
 //! | `Internal`          | 500    | `server_error`              | bugs, tokenizer failures            |
-//! | `Unavailable`       | 503    | `service_unavailable_error` | no ready group, shard lost, no leader, journal full; `Retry-After: 1` |
+//! | `Unavailable`       | 503    | `service_unavailable_error` | no ready group, shard lost, no leader, journal full, a request interrupted by a leader change (`code: request_interrupted`); `Retry-After: 1` |
 //! | `DeadlineExceeded`  | 504    | `timeout_error`             | a step or collective missed its deadline |
 //!
 //! The 4xx types and `server_error` are OpenAI's own; OpenAI has no names for the others, so
@@ -155,6 +155,22 @@ impl ApiError {
         )
         .with_param("model")
         .with_code("model_not_found")
+    }
+
+    /// The 503 of request `id` (`…/N` for choice N) whose stream ended without a finish:
+    /// the coordinator peer running it stopped leading. The journal keeps it open, and the
+    /// next leader runs it on, so the client fetches it rather than submitting it again.
+    pub fn interrupted(id: &str) -> ApiError {
+        ApiError::new(
+            ApiErrorKind::Unavailable,
+            format!(
+                "request {id} was interrupted: the coordinator peer running it stopped leading. \
+                 The cluster goes on with it; fetch it with GET /v1/streams/{id} (with \
+                 Last-Event-ID to continue a stream, or ?stream=false for the whole body) \
+                 rather than submitting it again"
+            ),
+        )
+        .with_code("request_interrupted")
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {

@@ -26,21 +26,29 @@ pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 
-/// A response's id, and whether an `Idempotency-Key` chose it.
+/// A response's id, whether an `Idempotency-Key` chose it, and whether the client asked
+/// for it at once, the result to be fetched later ([`super::detach`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ResponseId {
     pub id: String,
     pub keyed: bool,
+    pub detached: bool,
 }
 
 /// The id of a response of endpoint `prefix` (`cmpl`, `chatcmpl`): from the request's
-/// `Idempotency-Key`, or random without one.
+/// `Idempotency-Key`, or random without one; and its `Prefer: respond-async`.
 pub(crate) fn response_id(headers: &HeaderMap, prefix: &str) -> Result<ResponseId, ApiError> {
+    let detached = super::detach::prefers_async(headers);
     Ok(match keyed_id(headers, prefix)? {
-        Some(id) => ResponseId { id, keyed: true },
+        Some(id) => ResponseId {
+            id,
+            keyed: true,
+            detached,
+        },
         None => ResponseId {
             id: format!("{prefix}-{}", super::ids::random_hex()?),
             keyed: false,
+            detached,
         },
     })
 }

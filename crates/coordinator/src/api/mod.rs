@@ -32,6 +32,7 @@ mod auth;
 mod chat;
 mod choice;
 mod completions;
+mod detach;
 mod detok;
 mod error;
 mod idempotency;

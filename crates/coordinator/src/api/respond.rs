@@ -26,7 +26,7 @@ use super::error::ApiError;
 use super::idempotency::{self, ResponseId};
 use super::params::Params;
 use super::stream as sse;
-use super::{ApiState, ServedModel, ids, resume};
+use super::{ApiState, ServedModel, detach, ids, resume};
 use crate::engine::{GenerateRequest, TokenLogprobs, TokenStream};
 use crate::metrics as names;
 
@@ -41,11 +41,22 @@ pub(crate) async fn respond(
     shape: impl Shape,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let ResponseId { id, keyed } = id;
-    if keyed && params.n > 1 {
+    let ResponseId {
+        id,
+        keyed,
+        detached,
+    } = id;
+    // A stream's id comes before its first event already.
+    let detached = detached && !params.stream;
+    if params.n > 1 && (keyed || detached) {
+        let what = if keyed {
+            "an Idempotency-Key"
+        } else {
+            "`Prefer: respond-async`"
+        };
         return Err(ApiError::invalid(
             "n",
-            "an Idempotency-Key is for requests of one choice (n = 1)",
+            format!("{what} is for requests of one choice (n = 1)"),
         ));
     }
     let span = Span::current();
@@ -53,8 +64,11 @@ pub(crate) async fn respond(
     span.record("model", model.name.as_str());
     if keyed {
         let request = params.request(model, prompt.clone(), default_max_tokens, 0)?;
-        if let Some(response) = replay_journaled(state, &id, &request, params.stream, start).await?
-        {
+        let answer = Answer {
+            stream: params.stream,
+            detached,
+        };
+        if let Some(response) = replay_journaled(state, &id, &request, answer, start).await? {
             return Ok(response);
         }
     }
@@ -69,11 +83,18 @@ pub(crate) async fn respond(
             Ok(stream) => streams.push(stream),
             // A retry that raced the first submission: that one is journaled now.
             Err(error) if keyed => {
-                let replayed = replay_journaled(state, &id, &request, params.stream, start).await?;
+                let answer = Answer {
+                    stream: params.stream,
+                    detached,
+                };
+                let replayed = replay_journaled(state, &id, &request, answer, start).await?;
                 return replayed.ok_or_else(|| error.into());
             }
             Err(error) => return Err(error.into()),
         }
+    }
+    if detached && let Some(tokens) = streams.pop() {
+        return Ok(named(detach::accepted(&id, tokens), &id));
     }
     let meta = Meta {
         id,
@@ -87,17 +108,27 @@ pub(crate) async fn respond(
         n: params.n,
         resume_from: 0,
     };
-    let parts = choice_parts(streams, model.tokenizer.clone(), params, start);
-    let header = request_id_header(&meta.id);
-    let mut response = if params.stream {
+    let parts = choice_parts(&meta.id, streams, model.tokenizer.clone(), params, start);
+    let id = meta.id.clone();
+    // Once a sequence has started, every answer names the request, an error too: an
+    // interrupted request goes on in the cluster, to be fetched by its id.
+    let response = if params.stream {
         sse::sse(meta, parts, shape, start)
     } else {
-        Json(collect(&meta, parts, &shape, start).await?).into_response()
+        match collect(&meta, parts, &shape, start).await {
+            Ok(body) => Json(body).into_response(),
+            Err(error) => error.into_response(),
+        }
     };
-    if let Some(value) = header {
-        response.headers_mut().insert(REQUEST_ID, value);
-    }
-    Ok(response)
+    Ok(named(response, &id))
+}
+
+/// How the client asked to be answered.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    stream: bool,
+    /// `Prefer: respond-async` on a request that does not stream.
+    detached: bool,
 }
 
 /// The answer to a retried submission whose request `id` the journal holds (`None` when it
@@ -106,18 +137,26 @@ async fn replay_journaled(
     state: &ApiState,
     id: &str,
     request: &GenerateRequest,
-    stream: bool,
+    answer: Answer,
     start: Instant,
 ) -> Result<Option<Response>, ApiError> {
     let Some(resumed) = state.engine.resume(id.to_string()).await? else {
         return Ok(None);
     };
     idempotency::check_same(&resumed.request, request)?;
-    let mut response = resume::replay(state, id.to_string(), resumed, 0, stream, start).await?;
-    if let Some(value) = request_id_header(id) {
+    if answer.detached {
+        return Ok(Some(named(detach::accepted(id, resumed.tokens), id)));
+    }
+    let response = resume::replay(state, id.to_string(), resumed, 0, answer.stream, start).await?;
+    Ok(Some(named(response, id)))
+}
+
+/// `response`, with the header naming its request `id`.
+fn named(mut response: Response, id: &str) -> Response {
+    if let Ok(value) = axum::http::HeaderValue::from_str(id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
-    Ok(Some(response))
+    response
 }
 
 /// The response header naming the request (its journal id, which `GET /v1/streams/{id}`
@@ -125,12 +164,9 @@ async fn replay_journaled(
 /// at once can still resume it.
 pub(crate) const REQUEST_ID: &str = "x-request-id";
 
-pub(crate) fn request_id_header(id: &str) -> Option<axum::http::HeaderValue> {
-    axum::http::HeaderValue::from_str(id).ok()
-}
-
 /// Every choice's parts, merged in the order they come.
 fn choice_parts(
+    id: &str,
     streams: Vec<TokenStream>,
     tokenizer: Option<Arc<Tokenizer>>,
     params: &Params,
@@ -138,7 +174,11 @@ fn choice_parts(
 ) -> BoxStream<'static, Result<ChoicePart, ApiError>> {
     let choices = streams.into_iter().zip(0u32..).map(|(tokens, index)| {
         let text = TextStream::new(tokenizer.clone(), Arc::clone(&params.stop));
-        choice(index, tokens, text, start).boxed()
+        let key = match index {
+            0 => id.to_string(),
+            i => format!("{id}/{i}"),
+        };
+        choice(index, key, tokens, text, start).boxed()
     });
     stream::select_all(choices).boxed()
 }
@@ -146,6 +186,8 @@ fn choice_parts(
 /// The sequence of one choice, and what it has told so far.
 struct Choice {
     index: u32,
+    /// Its request's id in the journal (`…/N` for choice N > 0).
+    key: String,
     tokens: TokenStream,
     text: TextStream,
     last: Option<Instant>,
@@ -154,15 +196,18 @@ struct Choice {
 }
 
 /// The parts of one choice. Its token stream is dropped (the sequence cancelled) as soon
-/// as a stop string matches, and after the last part.
+/// as a stop string matches, and after the last part. A stream that ends without a finish
+/// was interrupted ([`ApiError::interrupted`]).
 fn choice(
     index: u32,
+    key: String,
     tokens: TokenStream,
     text: TextStream,
     start: Instant,
 ) -> impl futures_util::Stream<Item = Result<ChoicePart, ApiError>> + Send + 'static {
     let first = Choice {
         index,
+        key,
         tokens,
         text,
         last: None,
@@ -173,10 +218,7 @@ fn choice(
         let event = match choice.tokens.recv().await {
             Some(Ok(event)) => event,
             Some(Err(error)) => return Some((Err(ApiError::from(error)), None)),
-            None => {
-                let error = ApiError::internal("the sequence's stream ended without a finish");
-                return Some((Err(error), None));
-            }
+            None => return Some((Err(ApiError::interrupted(&choice.key)), None)),
         };
         choice.record_timing(start);
         let part = match choice.part(event.token, event.logprobs, event.finish) {
@@ -235,6 +277,7 @@ impl Choice {
 /// journal holds the tokens as generated, which may run past the match that ended the
 /// original stream.
 pub(crate) fn resumed_parts(
+    id: String,
     tokens: TokenStream,
     tokenizer: Option<Arc<Tokenizer>>,
     stop: Arc<[String]>,
@@ -242,7 +285,7 @@ pub(crate) fn resumed_parts(
     start: Instant,
 ) -> BoxStream<'static, Result<ChoicePart, ApiError>> {
     let text = TextStream::new(tokenizer, stop);
-    choice(0, tokens, text, start).skip(skip).boxed()
+    choice(0, id, tokens, text, start).skip(skip).boxed()
 }
 
 /// Reads every choice to its end into one body.

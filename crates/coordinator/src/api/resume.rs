@@ -94,7 +94,14 @@ pub(crate) async fn replay(
         n: 1,
         resume_from: from,
     };
-    let parts = respond::resumed_parts(resumed.tokens, model.tokenizer.clone(), stop, from, start);
+    let parts = respond::resumed_parts(
+        id.clone(),
+        resumed.tokens,
+        model.tokenizer.clone(),
+        stop,
+        from,
+        start,
+    );
     if id.starts_with("chatcmpl-") {
         answer(meta, parts, ChatShape, stream, start).await
     } else {

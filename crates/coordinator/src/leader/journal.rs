@@ -165,7 +165,10 @@ pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
                 sent += 1;
             }
             match end {
-                Some(Ending::Finished(_)) => return,
+                // An interrupted run (or a tail dropped without an end: this peer stopped)
+                // ends the stream without a finish, which the API tells the client as an
+                // interruption to fetch again: the request stays open for a leader.
+                Some(Ending::Finished(_) | Ending::Interrupted) => return,
                 Some(ending) => {
                     let ending = format!("{ending:?}");
                     let error = CoordinatorError::EndedUnfinished { ending };
@@ -174,7 +177,6 @@ pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
                 }
                 None => {
                     if tail.changed().await.is_err() && tail.borrow().end.is_none() {
-                        let _ = tx.send(Err(CoordinatorError::StoppedOnPeer.into()));
                         return;
                     }
                 }

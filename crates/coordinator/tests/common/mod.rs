@@ -42,6 +42,9 @@ pub enum Reply {
     Script(Vec<u32>, Option<FinishReason>),
     /// These tokens, then this error.
     FailAfter(Vec<u32>, WireError),
+    /// These tokens, then the stream ends without a finish, as a leader's does when it
+    /// stops leading.
+    Interrupt(Vec<u32>),
     Fail(WireError),
 }
 
@@ -135,6 +138,10 @@ impl MockEngine {
                 Reply::FailAfter(tokens, error) => {
                     Self::send_tokens(&tx, &request, &tokens, None);
                     let _ = tx.send(Err(error));
+                }
+                Reply::Interrupt(tokens) => {
+                    Self::send_tokens(&tx, &request, &tokens, None);
+                    drop(tx);
                 }
                 Reply::Fail(error) => return Err(error),
             }

@@ -342,6 +342,10 @@ impl Client<'_> {
                     return Read::Error(format!("an event that is not JSON: {data}"));
                 };
                 if chunk.get("error").is_some() {
+                    // The leader running it stopped leading: the next one runs it on.
+                    if chunk["error"]["code"] == "request_interrupted" {
+                        return Read::Broken;
+                    }
                     return Read::Error(format!("stream {}", reason(200, &chunk)));
                 }
                 if let Some(ids) = chunk["choices"][0]["token_ids"].as_array() {
