@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 
 pub mod chaos;
+pub mod failover;
 mod http;
 pub mod netns;
 mod probe;

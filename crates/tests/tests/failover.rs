@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use tessera_tests::failover::{greedy, references, slow_three_peers, wait_for_leader};
 use tessera_tests::{
-    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, leader_seen_by, metric, post,
-    post_with, sse, token_ids,
+    Cluster, GroupSpec, SseEvent, f32_greedy, fixture, get, leader_seen_by, metric, post_with, sse,
+    token_ids,
 };
 
 /// How the leader of peers `all` (peer `dead` is down) resumed the journal's open
@@ -35,37 +36,6 @@ fn resumed(all: &[&str], dead: Option<u64>) -> (f64, f64) {
 fn group_epoch(url: &str) -> u64 {
     let (_, view) = get(&format!("{url}/v1/cluster")).expect("GET /v1/cluster");
     view["groups"][0]["epoch"].as_u64().expect("a group epoch")
-}
-
-fn wait_for_leader(urls: &[&str], not: Option<u64>, timeout: Duration) -> u64 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let seen: Vec<Option<u64>> = urls
-            .iter()
-            .map(|u| leader_seen_by(u).map(|(l, _)| l))
-            .collect();
-        if let Some(Some(leader)) = seen.first()
-            && seen.iter().all(|s| *s == Some(*leader))
-            && Some(*leader) != not
-        {
-            return *leader;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no agreed leader within {timeout:?}: {seen:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn greedy(url: &str, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u32>> {
-    let body = json!({
-        "model": "m", "prompt": prompt, "max_tokens": n,
-        "temperature": 0, "ignore_eos": true, "return_token_ids": true,
-    });
-    let (status, answer) = post(&format!("{url}/v1/completions"), &body)?;
-    anyhow::ensure!(status == 200, "status {status}: {answer}");
-    token_ids(&answer)
 }
 
 #[test]
@@ -157,24 +127,6 @@ fn killing_the_leader_elects_another_that_serves_the_same_tokens() {
     assert_eq!(&got, want);
 }
 
-/// Greedy tokens of each prompt without a fault, all requests at once (greedy tokens do
-/// not depend on the batch).
-fn references(url: &str, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
-    std::thread::scope(|scope| {
-        let runs: Vec<_> = prompts
-            .iter()
-            .map(|p| scope.spawn(|| greedy(url, p, n)))
-            .collect();
-        runs.into_iter()
-            .map(|r| {
-                r.join()
-                    .expect("thread")
-                    .unwrap_or_else(|e| panic!("{e:#}"))
-            })
-            .collect()
-    })
-}
-
 /// The token ids of a stream's chunks, and the id of its last event.
 fn stream_tokens(events: &[SseEvent]) -> (Vec<u32>, Option<String>) {
     let mut tokens = Vec::new();
@@ -251,14 +203,6 @@ fn resilient_stream(urls: &[String], first: usize, body: &Value) -> (Vec<u32>, u
         }
     }
     (tokens, reconnects)
-}
-
-/// Three coordinator peers and a tp = 2 group whose steps are slow (60 ms), so that a fault
-/// lands in the middle of a generation.
-fn slow_three_peers() -> (Cluster, Vec<String>) {
-    let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    Cluster::start_local_peers(3, &[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
-        .expect("cluster starts")
 }
 
 #[test]
