@@ -68,7 +68,7 @@ impl LeaderLink {
             quic: quic.to_string(),
             reason,
         };
-        let connection = self.connection(leader, quic).await?;
+        let connection = self.connection(leader, quic).await.map_err(failed)?;
         let (mut send, recv) = tokio::time::timeout(CONNECT_TIMEOUT, connection.open_bi())
             .await
             .map_err(|_| failed(format!("no stream within {CONNECT_TIMEOUT:?}")))?
@@ -91,12 +91,8 @@ impl LeaderLink {
             .map_err(|e| failed(e.to_string()))
     }
 
-    /// The open connection to `leader`, or a new one.
-    async fn connection(
-        &self,
-        leader: PeerId,
-        quic: &str,
-    ) -> Result<quinn::Connection, CoordinatorError> {
+    /// The open connection to `leader`, or a new one; the reason when there is none.
+    async fn connection(&self, leader: PeerId, quic: &str) -> Result<quinn::Connection, String> {
         let mut open = self.open.lock().await;
         if let Some((id, connection)) = open.as_ref()
             && *id == leader
@@ -104,22 +100,17 @@ impl LeaderLink {
         {
             return Ok(connection.clone());
         }
-        let unreachable = |reason: String| CoordinatorError::ForwardFailed {
-            leader,
-            quic: quic.to_string(),
-            reason,
-        };
         let addr = tokio::net::lookup_host(quic)
             .await
-            .map_err(|e| unreachable(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .next()
-            .ok_or_else(|| unreachable("the address resolves to nothing".into()))?;
+            .ok_or("the address resolves to nothing")?;
         let identity = Identity::Coordinator(leader);
         let connecting = quic::connect(&self.endpoint, addr, &identity);
         let connection = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
-            .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())?;
         *open = Some((leader, connection.clone()));
         Ok(connection)
     }
