@@ -338,39 +338,53 @@ async fn serve_stream(
     node: NodeHandle,
     http: HttpStreams,
 ) {
-    let mut send = Some(send);
-    let mut joiner = Joiner::new(MAX_MESSAGE_BYTES);
+    let first = match wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await {
+        Ok(Some(frame)) => frame,
+        Ok(None) => return,
+        Err(error) => {
+            warn!(from = from.0, %error, "bad frame from coordinator peer");
+            return;
+        }
+    };
+    // Only a stream's first frame may turn it into an HTTP exchange; a Raft stream
+    // answers nothing, so its send half goes (finished) now.
+    if let PeerMsg::Http = first {
+        return http(from, send, recv);
+    }
+    drop(send);
+    let read = read_raft_stream(first, &mut recv, from.0, MAX_MESSAGE_BYTES, |message| {
+        node.receive(message);
+    });
+    if let Err(reason) = read.await {
+        warn!(
+            from = from.0,
+            reason, "raft stream from coordinator peer ended"
+        );
+    }
+}
+
+/// Reads a Raft stream from peer `from` whose first frame was `first`: joins each
+/// message's parts (up to `limit` bytes) and hands every message to `deliver`, until the
+/// stream ends. A bad frame, an oversized message, or one that does not decode or claims
+/// another sender ends it, with the reason.
+pub async fn read_raft_stream<R: tokio::io::AsyncRead + Unpin>(
+    first: PeerMsg,
+    recv: &mut R,
+    from: u64,
+    limit: usize,
+    mut deliver: impl FnMut(Message),
+) -> Result<(), String> {
+    let mut joiner = Joiner::new(limit);
+    let mut frame = first;
     loop {
-        let frame = wire::read_frame::<_, PeerMsg>(&mut recv, wire::MAX_FRAME_BYTES).await;
-        let frame = match frame {
+        if let Some(bytes) = joiner.push(frame)? {
+            deliver(decode(&bytes, from)?);
+        }
+        frame = match wire::read_frame::<_, PeerMsg>(recv, wire::MAX_FRAME_BYTES).await {
             Ok(Some(frame)) => frame,
-            Ok(None) => return,
-            Err(error) => {
-                warn!(from = from.0, %error, "bad frame from coordinator peer");
-                return;
-            }
+            Ok(None) => return Ok(()),
+            Err(error) => return Err(error.to_string()),
         };
-        // Only a stream's first frame may turn it into an HTTP exchange; a Raft stream
-        // answers nothing, so its send half goes (finished) after that frame.
-        let first_send = send.take();
-        if let (PeerMsg::Http, Some(send)) = (&frame, first_send) {
-            return http(from, send, recv);
-        }
-        let bytes = match joiner.push(frame) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => continue,
-            Err(reason) => {
-                warn!(from = from.0, reason, "raft message dropped");
-                return;
-            }
-        };
-        match decode(&bytes, from.0) {
-            Ok(message) => node.receive(message),
-            Err(reason) => {
-                warn!(from = from.0, reason, "raft message dropped");
-                return;
-            }
-        }
     }
 }
 
@@ -455,5 +469,43 @@ mod tests {
             Joiner::new(10).push(PeerMsg::Raft(vec![3; 10])),
             Ok(Some(vec![3; 10]))
         );
+    }
+
+    /// A stream's frames as `serve_inbound` reads them: a message in parts is joined, and
+    /// a message claiming another sender ends the stream after those before it.
+    #[tokio::test]
+    async fn a_raft_stream_delivers_joined_messages_until_a_bad_one() {
+        let message = |from: u64, term: u64| {
+            let mut m = Message::default();
+            m.set_msg_type(MessageType::MsgAppend);
+            m.from = from;
+            m.to = 1;
+            m.term = term;
+            m.write_to_bytes().expect("encode")
+        };
+        let whole = message(2, 5);
+        let (head, tail) = whole.split_at(whole.len() / 2);
+        let mut bytes = Vec::new();
+        for frame in [
+            PeerMsg::Raft(message(2, 4)),
+            PeerMsg::Part(head.to_vec()),
+            PeerMsg::Raft(tail.to_vec()),
+            PeerMsg::Raft(message(3, 6)),
+            PeerMsg::Raft(message(2, 7)),
+        ] {
+            bytes.extend(wire::encode_frame(&frame).expect("a frame"));
+        }
+        let mut input = &bytes[..];
+        let first = wire::read_frame::<_, PeerMsg>(&mut input, wire::MAX_FRAME_BYTES)
+            .await
+            .expect("a frame")
+            .expect("not the end");
+        let mut terms = Vec::new();
+        let read = read_raft_stream(first, &mut input, 2, MAX_MESSAGE_BYTES, |m| {
+            terms.push(m.term)
+        });
+        let ended = read.await.unwrap_err();
+        assert!(ended.contains("claiming to be from peer 3"), "{ended}");
+        assert_eq!(terms, vec![4, 5]);
     }
 }
