@@ -177,3 +177,96 @@ fn text_prompt_without_tokenizer_says_what_to_do() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("--prompt-tokens"), "{stderr}");
 }
+
+/// A copy of llama-gqa whose `config.json` has `edit` applied, and the stderr of running it.
+fn run_with_config(edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = copy_model_dir(tmp.path());
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(config.as_object_mut().unwrap());
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    generate_fails(&dir)
+}
+
+/// Each config feature Tessera cannot run gets one error naming config.json, the key, the
+/// value found and what is supported (issue 18, part 5).
+#[test]
+fn unsupported_config_features_are_refused_by_name() {
+    use serde_json::json;
+    let cases: [(&str, serde_json::Value, &[&str]); 9] = [
+        (
+            "rope_scaling",
+            json!({"rope_type": "yarn", "factor": 4.0}),
+            &["type yarn", "default, linear, llama3"],
+        ),
+        (
+            "num_local_experts",
+            json!(8),
+            &["= 8", "no mixture of experts"],
+        ),
+        (
+            "n_routed_experts",
+            json!(64),
+            &["= 64", "no mixture of experts"],
+        ),
+        (
+            "architectures",
+            json!(["MixtralForCausalLM"]),
+            &["MixtralForCausalLM", "LlamaForCausalLM, MistralForCausalLM"],
+        ),
+        (
+            "model_type",
+            json!("gemma2"),
+            &["gemma2", "llama, mistral, qwen2"],
+        ),
+        (
+            "hidden_act",
+            json!("gelu_pytorch_tanh"),
+            &["gelu_pytorch_tanh", "supported: silu"],
+        ),
+        (
+            "quantization_config",
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+            &["quant_method fp8", "use a GGUF file"],
+        ),
+        ("mlp_bias", json!(true), &["= true", "supported: false"]),
+        ("num_experts", json!(4), &["= 4", "no mixture of experts"]),
+    ];
+    for (key, value, wanted) in cases {
+        let stderr = run_with_config(|c| {
+            c.insert(key.into(), value.clone());
+        });
+        assert!(
+            stderr.contains("config.json") && stderr.contains(&format!("`{key}`")),
+            "{key}: {stderr}"
+        );
+        assert!(
+            stderr.contains("is not supported; supported: "),
+            "{key}: {stderr}"
+        );
+        for w in wanted {
+            assert!(stderr.contains(w), "{key}: {w:?} missing from {stderr}");
+        }
+        assert_eq!(stderr.lines().count(), 1, "{key}: one error, got {stderr}");
+    }
+}
+
+/// A Mistral sliding window shorter than the context cuts the served context to the window,
+/// within which sliding and full attention agree; a longer request is refused by name.
+#[test]
+fn sliding_window_cuts_the_context() {
+    let stderr = run_with_config(|c| {
+        c.insert("model_type".into(), "mistral".into());
+        c.insert(
+            "architectures".into(),
+            serde_json::json!(["MistralForCausalLM"]),
+        );
+        c.insert("sliding_window".into(), 2.into());
+    });
+    assert!(
+        stderr.contains("exceeds the model's context of 2 tokens"),
+        "{stderr}"
+    );
+}

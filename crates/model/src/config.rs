@@ -15,6 +15,8 @@ use tessera_topology::ModelShape;
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
+mod refuse;
+
 /// The decoder architectures Tessera runs. They share one forward pass and differ in
 /// biases, tying and defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,10 +107,12 @@ impl ModelConfig {
             "mistral" => Architecture::Mistral,
             "qwen2" => Architecture::Qwen2,
             other => {
-                return Err(ModelError::UnsupportedArchitecture {
-                    path: path.into(),
-                    architecture: other.into(),
-                });
+                return Err(refuse::unsupported(
+                    path,
+                    "general.architecture",
+                    other.into(),
+                    refuse::SUPPORTED_ARCHITECTURES,
+                ));
             }
         };
         let key = |name: &str| format!("{arch_name}.{name}");
@@ -143,12 +147,21 @@ impl ModelConfig {
                 RopeScaling::Factors(factors)
             }
             None => match file.get_str(&key("rope.scaling.type"))? {
+                None | Some("none") => RopeScaling::None,
                 Some("linear") => RopeScaling::Linear {
                     factor: file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
                 },
-                _ => RopeScaling::None,
+                Some(other) => {
+                    return Err(refuse::unsupported(
+                        path,
+                        &key("rope.scaling.type"),
+                        other.into(),
+                        "none, linear (llama3 scaling travels as the tensor rope_freqs.weight)",
+                    ));
+                }
             },
         };
+        let window = refuse::check_gguf(file, arch_name)?;
         let eos = file.get_u32("tokenizer.ggml.eos_token_id")?;
         let spec = HfConfigSpec {
             model_type: Some(arch_name.into()),
@@ -171,8 +184,10 @@ impl ModelConfig {
                 .get_u32("tokenizer.ggml.bos_token_id")?
                 .map(Value::from),
             eos_token_id: eos.map(Value::from),
+            features: refuse::HfFeatureSpec::default(),
         };
         let mut config = spec.validate(path)?;
+        refuse::honour_window(&mut config.max_position_embeddings, window, path);
         config.rope.scaling = scaling;
         if architecture == Architecture::Llama || architecture == Architecture::Mistral {
             config.rope.pairing = RopePairing::Interleaved;
@@ -264,6 +279,8 @@ struct HfConfigSpec {
     tie_word_embeddings: Option<bool>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
+    #[serde(flatten)]
+    features: refuse::HfFeatureSpec,
 }
 
 impl HfConfigSpec {
@@ -278,12 +295,21 @@ impl HfConfigSpec {
             "mistral" | "mistralforcausallm" => Architecture::Mistral,
             "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
             _ => {
-                return Err(ModelError::UnsupportedArchitecture {
-                    path: path.into(),
-                    architecture: model_type,
-                });
+                let key = if self.model_type.is_some() {
+                    "model_type"
+                } else {
+                    "architectures"
+                };
+                return Err(refuse::unsupported(
+                    path,
+                    key,
+                    model_type,
+                    refuse::SUPPORTED_ARCHITECTURES,
+                ));
             }
         };
+        refuse::check_classes(path, self.architectures.as_deref())?;
+        self.features.check(path)?;
         let need = |v: Option<usize>, key: &str| -> Result<usize, ModelError> {
             match v {
                 None => Err(missing(path, key)),
@@ -322,6 +348,12 @@ impl HfConfigSpec {
         let bos_token_id = token_ids(self.bos_token_id.as_ref(), path, "bos_token_id")?
             .first()
             .copied();
+        let mut max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        refuse::honour_window(
+            &mut max_position_embeddings,
+            self.features.sliding_window(architecture),
+            path,
+        );
         Ok(ModelConfig {
             architecture,
             hidden_size,
@@ -331,7 +363,7 @@ impl HfConfigSpec {
             num_key_value_heads,
             head_dim,
             vocab_size: need(self.vocab_size, "vocab_size")?,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
+            max_position_embeddings,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope,
             attention_bias: self
@@ -394,10 +426,11 @@ fn parse_rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling, ModelError>
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
         }),
-        other => Err(invalid(
+        other => Err(refuse::unsupported(
             path,
             key,
-            format!("type `{other}` is not supported; supported: default, linear, llama3"),
+            format!("type {other}"),
+            "default, linear, llama3",
         )),
     }
 }

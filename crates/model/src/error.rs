@@ -33,10 +33,14 @@ pub enum ModelError {
         key: String,
         message: String,
     },
-    #[error(
-        "{path}: architecture `{architecture}` is not supported; supported: llama, mistral, qwen2"
-    )]
-    UnsupportedArchitecture { path: PathBuf, architecture: String },
+    /// A config feature the forward pass does not implement (see `config::refuse`).
+    #[error("{path}: `{key}` = {found} is not supported; supported: {supported}")]
+    Unsupported {
+        path: PathBuf,
+        key: String,
+        found: String,
+        supported: String,
+    },
     #[error("{path}: tensor `{tensor}` is missing")]
     MissingTensor { path: PathBuf, tensor: String },
     #[error("{path}: tensor `{tensor}` has shape {actual:?}, but the config implies {expected:?}")]

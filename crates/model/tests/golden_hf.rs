@@ -111,3 +111,45 @@ fn every_variant_matches_transformers() {
         failures.join("\n")
     );
 }
+
+/// The preset files (`llama-presets`, written as llama-quantize assigns types) hold K-quant
+/// blocks in the 256-long ffn_down rows and the legacy fallbacks in the 288-long rows, so the
+/// golden run above covers both paths in one file.
+#[test]
+fn preset_files_mix_k_and_legacy_types() {
+    use tessera_kernels::DType;
+    use tessera_model::gguf::GgufFile;
+    let dir = fixtures().join("llama-presets");
+    for (file, want) in [
+        (
+            "model.Q4_K_M.gguf",
+            &[DType::Q5_0, DType::Q4K, DType::Q8_0, DType::Q6K][..],
+        ),
+        (
+            "model.Q5_K_M.gguf",
+            &[DType::Q5_1, DType::Q5K, DType::Q8_0, DType::Q6K],
+        ),
+        ("model.Q6_K.gguf", &[DType::Q8_0, DType::Q6K]),
+    ] {
+        let gguf = GgufFile::open(&dir.join(file)).unwrap();
+        let mut types = Vec::new();
+        for t in gguf.tensors().iter().filter(|t| t.dims.len() == 2) {
+            let block_256 = matches!(t.dtype, DType::Q4K | DType::Q5K | DType::Q6K);
+            assert_eq!(
+                block_256,
+                t.cols() % 256 == 0,
+                "{file}: {} {}",
+                t.name,
+                t.dtype
+            );
+            if !types.contains(&t.dtype) {
+                types.push(t.dtype);
+            }
+        }
+        let mut want = want.to_vec();
+        let key = |d: &DType| d.to_string();
+        types.sort_by_key(key);
+        want.sort_by_key(key);
+        assert_eq!(types, want, "{file}");
+    }
+}

@@ -1,0 +1,91 @@
+//! GGUF metadata that asks for what Tessera cannot run — a mixture of experts, an unknown
+//! architecture, a rope scaling type other than linear — is refused with one error naming the
+//! file, the key and what is supported; a sliding window cuts the served context (issue 18,
+//! part 5). Config.json features are covered end to end in `crates/cli/tests/bad_input.rs`.
+
+mod gguf_writer;
+
+use gguf_writer::*;
+use tessera_kernels::DType;
+use tessera_model::config::ModelConfig;
+use tessera_model::error::ModelError;
+use tessera_model::gguf::GgufFile;
+
+/// The smallest llama GGUF `ModelConfig::from_gguf` accepts, under architecture `arch`.
+fn llama(arch: &str) -> Gguf {
+    let key = |k: &str| format!("{arch}.{k}");
+    Gguf::new()
+        .kv_str("general.architecture", arch)
+        .kv_u32(&key("embedding_length"), 64)
+        .kv_u32(&key("attention.head_count"), 4)
+        .kv_u32(&key("feed_forward_length"), 128)
+        .kv_u32(&key("block_count"), 1)
+        .kv_u32(&key("context_length"), 128)
+        .tensor("token_embd.weight", &[64, 8], DType::F32)
+}
+
+fn config(g: Gguf) -> (Scratch, Result<ModelConfig, ModelError>) {
+    let s = scratch();
+    std::fs::write(&s.path, g.bytes()).unwrap();
+    let file = GgufFile::open(&s.path).unwrap();
+    let config = ModelConfig::from_gguf(&file);
+    (s, config)
+}
+
+/// Expects an `Unsupported` error naming the file and each of `names`.
+fn refused(g: Gguf, names: &[&str]) {
+    let (s, config) = config(g);
+    let err = config.expect_err("unsupported file accepted");
+    assert!(matches!(err, ModelError::Unsupported { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.starts_with(&s.path.display().to_string()), "{msg}");
+    assert!(msg.contains("is not supported; supported: "), "{msg}");
+    for name in names {
+        assert!(msg.contains(name), "{name:?} missing from: {msg}");
+    }
+}
+
+#[test]
+fn the_base_file_is_accepted() {
+    let config = config(llama("llama").kv_u32("llama.expert_count", 0))
+        .1
+        .unwrap();
+    assert_eq!(config.max_position_embeddings, 128);
+    assert_eq!(config.vocab_size, 8);
+}
+
+#[test]
+fn experts_are_refused() {
+    refused(
+        llama("llama").kv_u32("llama.expert_count", 8),
+        &["`llama.expert_count` = 8", "no mixture of experts"],
+    );
+}
+
+#[test]
+fn unknown_architecture_is_refused() {
+    refused(
+        llama("gemma2"),
+        &["`general.architecture` = gemma2", "llama, mistral, qwen2"],
+    );
+}
+
+#[test]
+fn rope_scaling_types_other_than_linear_are_refused() {
+    for kind in ["yarn", "longrope"] {
+        refused(
+            llama("llama").kv_str("llama.rope.scaling.type", kind),
+            &["`llama.rope.scaling.type`", kind, "none, linear"],
+        );
+    }
+    let none = llama("llama").kv_str("llama.rope.scaling.type", "none");
+    assert!(config(none).1.is_ok());
+}
+
+#[test]
+fn sliding_window_cuts_the_context() {
+    let g = llama("llama").kv_u32("llama.attention.sliding_window", 16);
+    assert_eq!(config(g).1.unwrap().max_position_embeddings, 16);
+    let wide = llama("llama").kv_u32("llama.attention.sliding_window", 4096);
+    assert_eq!(config(wide).1.unwrap().max_position_embeddings, 128);
+}
