@@ -6,20 +6,14 @@ mod common;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Request, header};
+use axum::http::Request;
 use common::*;
 use serde_json::{Value, json};
 
+/// A completion POST, with an Idempotency-Key when `key` is given.
 fn post(path: &str, key: Option<&str>, body: &Value) -> Request<Body> {
-    let mut request = Request::post(path).header(header::CONTENT_TYPE, "application/json");
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    request.body(Body::from(body.to_string())).unwrap()
-}
-
-fn completion(stream: bool) -> Value {
-    json!({"model": IDS_MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "stream": stream})
+    let key: Vec<_> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+    post_json(path, &key, body)
 }
 
 #[tokio::test]
@@ -31,7 +25,7 @@ async fn a_retried_submission_is_answered_from_the_journal_not_run_again() {
     let app = app(Arc::clone(&engine));
     let first = send(
         app.clone(),
-        post("/v1/completions", Some("k-1"), &completion(false)),
+        post("/v1/completions", Some("k-1"), &short_completion(false)),
     )
     .await;
     assert_eq!(first.status, 200, "{}", first.body);
@@ -40,7 +34,7 @@ async fn a_retried_submission_is_answered_from_the_journal_not_run_again() {
     // The retry: same id, same tokens, and the engine ran one request only.
     let retry = send(
         app.clone(),
-        post("/v1/completions", Some("k-1"), &completion(false)),
+        post("/v1/completions", Some("k-1"), &short_completion(false)),
     )
     .await;
     assert_eq!(retry.status, 200, "{}", retry.body);
@@ -50,9 +44,9 @@ async fn a_retried_submission_is_answered_from_the_journal_not_run_again() {
     assert_eq!(retry.body["choices"][0]["finish_reason"], "length");
     assert_eq!(engine.requests().len(), 1);
     // A streamed retry of it streams the same tokens.
-    let (_, events) = stream(app.clone(), "/v1/completions", completion(true)).await;
+    let (_, events) = stream(app.clone(), "/v1/completions", short_completion(true)).await;
     assert!(!events.is_empty());
-    let request = post("/v1/completions", Some("k-1"), &completion(true));
+    let request = post("/v1/completions", Some("k-1"), &short_completion(true));
     let (status, headers, text) = send_text(app.clone(), request).await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-request-id"], id.as_str());
@@ -70,7 +64,7 @@ async fn a_retried_submission_is_answered_from_the_journal_not_run_again() {
     // Another key, or none, is another request.
     let other = send(
         app.clone(),
-        post("/v1/completions", Some("k-2"), &completion(false)),
+        post("/v1/completions", Some("k-2"), &short_completion(false)),
     )
     .await;
     assert_ne!(other.body["id"], id.as_str());
@@ -83,7 +77,7 @@ async fn a_key_reused_for_another_request_or_several_choices_is_refused() {
     let app = app(Arc::clone(&engine));
     let first = send(
         app.clone(),
-        post("/v1/completions", Some("k"), &completion(false)),
+        post("/v1/completions", Some("k"), &short_completion(false)),
     )
     .await;
     assert_eq!(first.status, 200);
@@ -96,7 +90,11 @@ async fn a_key_reused_for_another_request_or_several_choices_is_refused() {
     assert_error(&refused, 400, "invalid_request_error", Some("n"));
     let bad = send(
         app,
-        post("/v1/completions", Some("no spaces"), &completion(false)),
+        post(
+            "/v1/completions",
+            Some("no spaces"),
+            &short_completion(false),
+        ),
     )
     .await;
     assert_error(&bad, 400, "invalid_request_error", None);

@@ -15,22 +15,14 @@ use serde_json::{Value, json};
 use tessera_comm::proto::FinishReason;
 
 fn post(body: &Value, prefer: Option<&str>) -> Request<Body> {
-    let mut request =
-        Request::post("/v1/completions").header(header::CONTENT_TYPE, "application/json");
-    if let Some(prefer) = prefer {
-        request = request.header("prefer", prefer);
-    }
-    request.body(Body::from(body.to_string())).unwrap()
-}
-
-fn completion(stream: bool) -> Value {
-    json!({"model": IDS_MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "stream": stream})
+    let prefer: Vec<_> = prefer.map(|p| ("prefer", p)).into_iter().collect();
+    post_json("/v1/completions", &prefer, body)
 }
 
 #[tokio::test]
 async fn an_interrupted_stream_ends_with_a_503_event_naming_the_request() {
     let engine = MockEngine::new(Reply::Interrupt(vec![11, 12]));
-    let (status, headers, text) = send_text(app(engine), post(&completion(true), None)).await;
+    let (status, headers, text) = send_text(app(engine), post(&short_completion(true), None)).await;
     assert_eq!(status, 200);
     let id = headers["x-request-id"].to_str().unwrap().to_string();
     let events = parse_sse(&text);
@@ -52,7 +44,7 @@ async fn an_interrupted_stream_ends_with_a_503_event_naming_the_request() {
 #[tokio::test]
 async fn an_interrupted_answer_is_a_503_with_its_request_id() {
     let engine = MockEngine::new(Reply::Interrupt(vec![11]));
-    let reply = send(app(engine), post(&completion(false), None)).await;
+    let reply = send(app(engine), post(&short_completion(false), None)).await;
     let message = assert_error(&reply, 503, "service_unavailable_error", None);
     assert_eq!(reply.body["error"]["code"], "request_interrupted");
     assert_eq!(reply.headers[header::RETRY_AFTER], "1");
@@ -68,7 +60,7 @@ async fn an_interrupted_answer_is_a_503_with_its_request_id() {
 async fn respond_async_answers_202_with_the_id_and_runs_on_without_the_client() {
     // A sequence that never finishes: it is cancelled only if its stream is dropped.
     let engine = MockEngine::new(Reply::Script(vec![11], None));
-    let request = post(&completion(false), Some("respond-async"));
+    let request = post(&short_completion(false), Some("respond-async"));
     let answer = send(app(Arc::clone(&engine)), request);
     let reply = tokio::time::timeout(Duration::from_secs(5), answer)
         .await
@@ -92,7 +84,11 @@ async fn respond_async_answers_202_with_the_id_and_runs_on_without_the_client() 
 async fn respond_async_result_is_fetched_at_its_location() {
     let engine = MockEngine::new(Reply::Script(vec![11, 12, 13], Some(FinishReason::Length)));
     let app = app(engine);
-    let reply = send(app.clone(), post(&completion(false), Some("respond-async"))).await;
+    let reply = send(
+        app.clone(),
+        post(&short_completion(false), Some("respond-async")),
+    )
+    .await;
     assert_eq!(reply.status, 202, "{}", reply.body);
     let location = reply.headers[header::LOCATION].to_str().unwrap();
     let result = get(app, location).await;
@@ -105,7 +101,7 @@ async fn respond_async_result_is_fetched_at_its_location() {
 #[tokio::test]
 async fn respond_async_is_for_one_choice_and_streams_ignore_it() {
     let engine = || MockEngine::new(Reply::Script(vec![11], Some(FinishReason::Length)));
-    let mut two = completion(false);
+    let mut two = short_completion(false);
     two["n"] = json!(2);
     let reply = send(app(engine()), post(&two, Some("respond-async"))).await;
     let message = assert_error(&reply, 400, "invalid_request_error", Some("n"));
@@ -113,7 +109,7 @@ async fn respond_async_is_for_one_choice_and_streams_ignore_it() {
 
     let (status, headers, text) = send_text(
         app(engine()),
-        post(&completion(true), Some("respond-async")),
+        post(&short_completion(true), Some("respond-async")),
     )
     .await;
     assert_eq!(status, 200);

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tessera_comm::proto::{Epoch, ErrorClass, FinishReason, WireError};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::engine::{
@@ -452,4 +452,18 @@ pub fn assert_error(reply: &Answer, status: u16, error_type: &str, param: Option
         .as_str()
         .expect("the message is a string")
         .to_string()
+}
+
+/// A JSON POST of `body` to `path`, with these headers besides its content type.
+pub fn post_json(path: &str, headers: &[(&str, &str)], body: &Value) -> Request<Body> {
+    let mut request = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::from(body.to_string())).unwrap()
+}
+
+/// A completion of three tokens of the ids-only model, streamed or not.
+pub fn short_completion(stream: bool) -> Value {
+    json!({"model": IDS_MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "stream": stream})
 }
