@@ -8,6 +8,8 @@
 //! - `tessera topology check`: validate a topology file and print the plan.
 //! - `tessera certs init`: make a cluster's CA and certificates; `certs issue`: one more
 //!   from that CA.
+//! - `tessera cluster`: list, add or remove coordinator peers; `tessera drain`: drain one
+//!   peer before maintenance.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +20,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod certs_cmd;
 mod cluster_cmd;
+mod drain_cmd;
 mod generate;
 mod http;
 mod remote;
@@ -50,6 +53,9 @@ enum Command {
     Certs(CertsCommand),
     /// List the coordinator peers of a running cluster, or add, remove or replace one.
     Cluster(cluster_cmd::ClusterArgs),
+    /// Drain one coordinator peer: refuse new requests, let those in flight finish, hand
+    /// leadership over, exit (as SIGTERM does).
+    Drain(drain_cmd::DrainArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +85,7 @@ fn main() -> ExitCode {
         Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
         Command::Certs(CertsCommand::Issue(args)) => certs_cmd::issue(args),
         Command::Cluster(args) => cluster_cmd::run(args),
+        Command::Drain(args) => drain_cmd::run(args),
     };
     match result {
         Ok(code) => code,

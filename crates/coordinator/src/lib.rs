@@ -13,6 +13,7 @@
 //!   peer core, driver and transport.
 //! - [`leader`]: drives the groups while this peer leads, and journals every request.
 //! - [`forward`]: followers pass API calls on to the leader.
+//! - [`lifecycle`]: how a peer stops: drain, hand leadership over, exit; or fail stop.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod error;
 pub mod forward;
 pub mod group;
 pub mod leader;
+pub mod lifecycle;
 pub mod metrics;
 pub mod replication;
 pub mod server;

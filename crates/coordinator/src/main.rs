@@ -1,7 +1,7 @@
 //! `tessera-coordinator`: one coordinator peer. Reads the topology, joins the Raft group
 //! of the topology's coordinator peers (restarting from its data dir), and while it leads
 //! accepts the shards' control connections and drives every group; it serves the HTTP API
-//! until SIGTERM or Ctrl-C.
+//! until SIGTERM or Ctrl-C, and then drains ([`lifecycle`]).
 
 #![forbid(unsafe_code)]
 
@@ -16,6 +16,7 @@ use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
+use tessera_coordinator::api::drain::{self, Drain};
 use tessera_coordinator::api::listen::{self, ConnLimits};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::forward::{self, Forwarder};
@@ -23,11 +24,11 @@ use tessera_coordinator::group::driver::Limits;
 use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
 use tessera_coordinator::replication::transport::{self, Addresses};
 use tessera_coordinator::replication::{LogStore, log, membership, node, peer::Peer};
-use tessera_coordinator::{metrics, server};
+use tessera_coordinator::{lifecycle, metrics, server};
 use tessera_model::chat::ChatTemplate;
 use tessera_model::loader;
 use tessera_topology::{CoordinatorPeer, PeerId, Topology};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 /// A Tessera coordinator peer.
 #[derive(Debug, Parser)]
@@ -91,6 +92,16 @@ struct Args {
     /// peers, and exit: `tessera up` runs this before it starts anything.
     #[arg(long)]
     check: bool,
+    /// Seconds a drain (SIGTERM, `tessera drain`) waits for the requests in flight before
+    /// the peer hands leadership over and exits; what still runs then is cut, and stays
+    /// in the journal for the next leader.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "TESSERA_DRAIN_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    drain_timeout: f64,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -311,7 +322,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let endpoint = quic::server_endpoint(quic_addr, &credentials)?;
 
     let node = start_raft(&topology, &me, &data_dir, args.join, &endpoint)?;
-    tokio::spawn(fail_stop(node.clone()));
+    tokio::spawn(lifecycle::fail_stop(node.clone()));
     let topology = Arc::new(topology);
     let announce = Announce {
         http: args
@@ -340,10 +351,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "coordinator started"
     );
     raise_open_files(conn_limits.max_connections);
+    let drain = Drain::new(seconds("--drain-timeout", args.drain_timeout)?);
     let app = http_app(
         models,
         api_keys,
         api_limits,
+        Arc::clone(&drain),
         leadership.clone(),
         &endpoint,
         metrics_handle,
@@ -354,7 +367,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         leadership,
         forward::tunnel::serve(app.clone()),
     ));
-    listen::serve(listener, app, conn_limits, shutdown_signal()).await;
+    let stopping = lifecycle::until_drained(drain, node.clone());
+    listen::serve(listener, app, conn_limits, stopping).await;
     endpoint.close(0u32.into(), b"coordinator stopping");
     // What it acknowledged is on disk already; this only ends the thread.
     tokio::task::spawn_blocking(move || node.stop()).await.ok();
@@ -389,26 +403,6 @@ fn raise_open_files(max_connections: usize) {
         );
     }
 }
-
-/// Exits the process when its Raft peer stops on its own (its store failed): a peer
-/// without Raft must not live on answering requests, and a supervisor restarts it from
-/// what its data dir holds.
-async fn fail_stop(node: node::NodeHandle) {
-    let mut failure = node.failure();
-    let Ok(reason) = failure.wait_for(Option::is_some).await.map(|r| r.clone()) else {
-        return;
-    };
-    let reason = reason.unwrap_or_default();
-    error!(reason, "the raft peer stopped: exiting");
-    eprintln!(
-        "error: this coordinator peer's Raft stopped ({reason}); exiting so that it restarts \
-         from its data dir"
-    );
-    std::process::exit(RAFT_STOPPED_EXIT);
-}
-
-/// The exit status of a peer whose Raft stopped (sysexits' EX_SOFTWARE).
-const RAFT_STOPPED_EXIT: i32 = 70;
 
 /// This process's entry in the topology's `[[coordinator]]` list.
 fn this_peer(topology: &Topology, peer: PeerId) -> anyhow::Result<CoordinatorPeer> {
@@ -480,6 +474,7 @@ fn http_app(
     models: Vec<ServedModel>,
     api_keys: ApiKeys,
     limits: ApiLimits,
+    drain: Arc<Drain>,
     leadership: Leadership,
     endpoint: &quinn::Endpoint,
     metrics_handle: Option<PrometheusHandle>,
@@ -489,11 +484,14 @@ fn http_app(
         engine: Arc::new(leadership.clone()),
         api_keys,
         limits,
+        drain: Arc::clone(&drain),
     })
     .layer(axum::middleware::from_fn_with_state(
         Forwarder::new(leadership, endpoint.clone()),
         forward::forward,
-    ));
+    ))
+    // In front of forwarding: a draining peer forwards nothing new.
+    .layer(axum::middleware::from_fn_with_state(drain, drain::admit));
     if let Some(handle) = metrics_handle {
         app = app.route(
             "/metrics",
@@ -569,19 +567,4 @@ async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("resolving {addr}"))?
         .next()
         .ok_or_else(|| anyhow!("{addr} resolves to no address"))
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = terminate => info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => info!("interrupted: stopping"),
-    }
 }

@@ -64,7 +64,8 @@ pub const API_GENERATED_TOKENS: &str = "tessera_api_generated_tokens_total";
 pub const API_REQUESTS: &str = "tessera_api_requests_total";
 /// Inference requests being served (counted by the API's limits).
 pub const API_IN_FLIGHT: &str = "tessera_api_in_flight_requests";
-/// Requests shed by the API's limits, by `reason` (in_flight, key_in_flight, rate).
+/// Requests shed by the API's limits, by `reason` (in_flight, key_in_flight, rate, and
+/// draining: refused while the peer drains).
 pub const API_SHED: &str = "tessera_api_shed_total";
 /// Connections closed because their client stopped reading (a stream's sequence is
 /// cancelled with it).
@@ -73,6 +74,8 @@ pub const API_WRITE_TIMEOUTS: &str = "tessera_api_write_timeouts_total";
 pub const API_CONNECTIONS_REFUSED: &str = "tessera_api_connections_refused_total";
 /// HTTP connections open.
 pub const API_CONNECTIONS: &str = "tessera_api_connections";
+/// 1 while this peer drains before it stops (`POST /v1/admin/drain`, SIGTERM).
+pub const API_DRAINING: &str = "tessera_api_draining";
 
 /// Installs the process-wide recorder; `None` if one is already installed (a second
 /// coordinator in one test process).

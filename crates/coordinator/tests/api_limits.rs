@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, header};
 use common::*;
 use serde_json::{Value, json};
+use tessera_coordinator::api::drain::Drain;
 use tessera_coordinator::api::listen::{self, ConnLimits};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -158,6 +159,7 @@ async fn serve(engine: Arc<MockEngine>, limits: ApiLimits, conn: ConnLimits) -> 
         engine,
         api_keys: ApiKeys::default(),
         limits,
+        drain: Drain::new(Duration::from_secs(30)),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

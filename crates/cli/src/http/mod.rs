@@ -103,21 +103,30 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
-    /// `GET path`, answered 200 with JSON.
+    /// `GET path`, answered 2xx with JSON.
     pub fn get_json(&self, path: &str) -> anyhow::Result<Value> {
         let url = self.url(path);
         let sent = self.authorized(self.agent.get(&url)).call();
         self.json_answer("GET", &url, sent)
     }
 
-    /// `POST path` with a JSON `body`, answered 200 with JSON.
+    /// [`Client::get_json`], or `None` when the server cannot be reached (it stopped).
+    pub fn get_json_if_up(&self, path: &str) -> anyhow::Result<Option<Value>> {
+        let url = self.url(path);
+        match self.authorized(self.agent.get(&url)).call() {
+            Ok(response) => self.json_answer("GET", &url, Ok(response)).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// `POST path` with a JSON `body`, answered 2xx with JSON.
     pub fn post_json(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         let url = self.url(path);
         let sent = self.authorized(self.agent.post(&url)).send_json(body);
         self.json_answer("POST", &url, sent)
     }
 
-    /// `DELETE path`, answered 200 with JSON.
+    /// `DELETE path`, answered 2xx with JSON.
     pub fn delete_json(&self, path: &str) -> anyhow::Result<Value> {
         let url = self.url(path);
         let sent = self.authorized(self.agent.delete(&url)).call();
@@ -152,7 +161,7 @@ impl Client {
         }
     }
 
-    /// The JSON of a 200 answer; any other status fails with the server's message.
+    /// The JSON of a 2xx answer; any other status fails with the server's message.
     fn json_answer(
         &self,
         method: &str,
@@ -170,7 +179,7 @@ impl Client {
         let answer: Value = response.body_mut().read_json().map_err(|e| {
             anyhow!("{method} {url} answered {status} with a body that is not JSON: {e}")
         })?;
-        if status != 200 {
+        if !(200..300).contains(&status) {
             bail!(
                 "{method} {url} answered {status}: {}",
                 error_message(&answer)

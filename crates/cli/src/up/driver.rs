@@ -28,6 +28,7 @@ use signal_hook::iterator::Signals;
 
 use super::local::ChildSpec;
 use super::supervisor::{Action, ChildId, Event, Note, Policy, Supervisor, Termination};
+use tessera_comm::certs::Identity;
 
 /// The prefix of the launcher's own lines.
 pub const ME: &str = "[tessera up]";
@@ -121,7 +122,13 @@ pub fn run(launch: Launch) -> anyhow::Result<ExitCode> {
         pids: vec![None; launch.children.len()],
         width,
     };
-    let mut supervisor = Supervisor::new(launch.children.len(), launch.policy);
+    // Coordinators first: they drain their requests while the shards still run them.
+    let tiers: Vec<u32> = launch
+        .children
+        .iter()
+        .map(|c| u32::from(!matches!(c.identity, Identity::Coordinator(_))))
+        .collect();
+    let mut supervisor = Supervisor::new(launch.children.len(), launch.policy).with_tiers(&tiers);
     let mut actions = supervisor.start(Instant::now());
     loop {
         for action in std::mem::take(&mut actions) {

@@ -7,7 +7,8 @@
 //! 3. Certificates: `<run-dir>/certs` (or `--certs`) is made with
 //!    [`tessera_comm::certs::init_cluster`] when it has no `ca.pem`, reused otherwise.
 //! 4. The processes of this host ([`local`]) start, each in its own process group, under the
-//!    [`supervisor::Supervisor`] (restarts with backoff; SIGTERM → grace → SIGKILL), driven
+//!    [`supervisor::Supervisor`] (restarts with backoff; on Ctrl-C, coordinators first,
+//!    then shards: SIGTERM → grace → SIGKILL), driven
 //!    by [`driver`], which also announces the API once `/health` answers.
 //!
 //! `docs/launcher.md` is the user's guide.
@@ -74,8 +75,9 @@ pub struct UpArgs {
     /// Certificates directory [default: <run-dir>/certs; made there when it has no ca.pem].
     #[arg(long, env = "TESSERA_CERTS")]
     pub certs: Option<PathBuf>,
-    /// Seconds the processes have to stop after SIGTERM before SIGKILL.
-    #[arg(long, env = "TESSERA_GRACE", default_value_t = 10.0)]
+    /// Seconds each process has to stop after SIGTERM before SIGKILL. Coordinators stop
+    /// first and drain for up to 30 s (their `--drain-timeout`), then the shards.
+    #[arg(long, env = "TESSERA_GRACE", default_value_t = 40.0)]
     pub grace: f64,
     /// Where tessera-shard and tessera-coordinator are [default: the directory of this
     /// tessera binary].

@@ -8,10 +8,13 @@
 //!   after a backoff of 1 s, doubled after each restart up to 10 s, and back to 1 s once a
 //!   run lasted 30 s (a child that crashes at start does not spin; one that crashes once a
 //!   day restarts at once).
-//! - A stop request terminates every running child (SIGTERM to its process group) and
-//!   cancels pending restarts; children still running after the grace period are killed
-//!   (SIGKILL). A second stop request kills at once. Once every child is gone the launcher
-//!   exits.
+//! - A stop request cancels pending restarts and stops the children tier by tier, lowest
+//!   first ([`Supervisor::with_tiers`]; `tessera up` puts coordinators before shards, so
+//!   that coordinators drain their requests while the shards still run them): SIGTERM to
+//!   each running child of the tier (to its process group); those still running after the
+//!   grace period are killed (SIGKILL); once the tier is gone, the next one's turn comes.
+//!   A second stop request kills every child at once. Once every child is gone the
+//!   launcher exits.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -139,6 +142,8 @@ enum ChildState {
 #[derive(Clone, Copy, Debug)]
 struct Child {
     state: ChildState,
+    /// Its turn when stopping: lower tiers stop first.
+    tier: u32,
     /// The delay before the next restart.
     backoff: Duration,
     restarts: u32,
@@ -148,8 +153,15 @@ struct Child {
 enum Phase {
     /// Children run and are restarted when they exit.
     Running,
-    /// A stop was requested; `killed` once SIGKILL went out.
-    Stopping { deadline: Instant, killed: bool },
+    /// A stop was requested: `tier`'s children got SIGTERM and have until `deadline`;
+    /// `killed` once SIGKILL went out to them.
+    Stopping {
+        tier: u32,
+        deadline: Instant,
+        killed: bool,
+    },
+    /// A second stop request: SIGKILL went out to every child.
+    Killing,
 }
 
 /// The launcher's state machine (see the module docs for its rules).
@@ -165,6 +177,7 @@ impl Supervisor {
     pub fn new(children: usize, policy: Policy) -> Supervisor {
         let child = Child {
             state: ChildState::Gone,
+            tier: 0,
             backoff: policy.first_backoff,
             restarts: 0,
         };
@@ -173,6 +186,16 @@ impl Supervisor {
             children: vec![child; children],
             phase: Phase::Running,
         }
+    }
+
+    /// The same, stopping child `i` in turn `tiers[i]` (lower first) rather than all at
+    /// once.
+    pub fn with_tiers(mut self, tiers: &[u32]) -> Supervisor {
+        assert_eq!(tiers.len(), self.children.len(), "one tier per child");
+        for (child, &tier) in self.children.iter_mut().zip(tiers) {
+            child.tier = tier;
+        }
+        self
     }
 
     /// Starts every child.
@@ -202,7 +225,10 @@ impl Supervisor {
                     _ => None,
                 })
                 .min(),
-            Phase::Stopping { deadline, killed } => (!killed).then_some(deadline),
+            Phase::Stopping {
+                deadline, killed, ..
+            } => (!killed).then_some(deadline),
+            Phase::Killing => None,
         }
     }
 
@@ -247,7 +273,7 @@ impl Supervisor {
                     restarts: child.restarts,
                 })]
             }
-            Phase::Stopping { .. } => {
+            Phase::Stopping { .. } | Phase::Killing => {
                 child.state = ChildState::Gone;
                 let mut actions = vec![Action::Note(Note::Stopped {
                     child: id,
@@ -255,10 +281,36 @@ impl Supervisor {
                 })];
                 if self.running().next().is_none() {
                     actions.push(Action::Exit);
+                } else if let Phase::Stopping { tier, .. } = self.phase
+                    && !self.running().any(|c| self.children[c.0].tier == tier)
+                {
+                    actions.extend(self.stop_next_tier(now));
                 }
                 actions
             }
         }
+    }
+
+    /// SIGTERM to the running children of the lowest tier that has any.
+    fn stop_next_tier(&mut self, now: Instant) -> Vec<Action> {
+        let Some(tier) = self.running().map(|c| self.children[c.0].tier).min() else {
+            return vec![Action::Exit];
+        };
+        self.phase = Phase::Stopping {
+            tier,
+            deadline: now + self.policy.grace,
+            killed: false,
+        };
+        let running: Vec<ChildId> = self
+            .running()
+            .filter(|c| self.children[c.0].tier == tier)
+            .collect();
+        let mut actions = vec![Action::Note(Note::Stopping {
+            running: running.len(),
+            grace: self.policy.grace,
+        })];
+        actions.extend(running.into_iter().map(Action::Terminate));
+        actions
     }
 
     fn stop(&mut self, now: Instant) -> Vec<Action> {
@@ -269,31 +321,24 @@ impl Supervisor {
                         child.state = ChildState::Gone;
                     }
                 }
-                self.phase = Phase::Stopping {
-                    deadline: now + self.policy.grace,
-                    killed: false,
-                };
-                let running: Vec<ChildId> = self.running().collect();
-                if running.is_empty() {
-                    return vec![Action::Exit];
-                }
-                let mut actions = vec![Action::Note(Note::Stopping {
-                    running: running.len(),
-                    grace: self.policy.grace,
-                })];
-                actions.extend(running.into_iter().map(Action::Terminate));
-                actions
+                self.stop_next_tier(now)
             }
-            Phase::Stopping { deadline, killed } => {
-                if killed {
+            Phase::Stopping { tier, killed, .. } => {
+                self.phase = Phase::Killing;
+                // Not again to a tier that got SIGKILL already.
+                let children = &self.children;
+                let left: Vec<ChildId> = self
+                    .running()
+                    .filter(|c| !(killed && children[c.0].tier == tier))
+                    .collect();
+                if left.is_empty() {
                     return Vec::new();
                 }
-                self.phase = Phase::Stopping {
-                    deadline,
-                    killed: true,
-                };
-                self.kill_all(|left| Note::KillNow { left })
+                let mut actions = vec![Action::Note(Note::KillNow { left: left.len() })];
+                actions.extend(left.into_iter().map(Action::Kill));
+                actions
             }
+            Phase::Killing => Vec::new(),
         }
     }
 
@@ -311,247 +356,32 @@ impl Supervisor {
                     .collect();
                 due.into_iter().map(|c| self.spawn(c, now)).collect()
             }
-            Phase::Stopping { deadline, killed } => {
+            Phase::Stopping {
+                tier,
+                deadline,
+                killed,
+            } => {
                 if killed || now < deadline {
                     return Vec::new();
                 }
                 self.phase = Phase::Stopping {
+                    tier,
                     deadline,
                     killed: true,
                 };
-                self.kill_all(|left| Note::GraceOver { left })
+                let children = &self.children;
+                let in_tier = |c: ChildId| children[c.0].tier == tier;
+                let running: Vec<ChildId> = self.running().filter(|&c| in_tier(c)).collect();
+                let mut actions = vec![Action::Note(Note::GraceOver {
+                    left: running.len(),
+                })];
+                actions.extend(running.into_iter().map(Action::Kill));
+                actions
             }
+            Phase::Killing => Vec::new(),
         }
-    }
-
-    fn kill_all(&self, note: fn(usize) -> Note) -> Vec<Action> {
-        let running: Vec<ChildId> = self.running().collect();
-        let mut actions = vec![Action::Note(note(running.len()))];
-        actions.extend(running.into_iter().map(Action::Kill));
-        actions
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CRASH: Termination = Termination::Code(1);
-
-    fn policy() -> Policy {
-        Policy::with_grace(Duration::from_secs(10))
-    }
-
-    fn secs(s: u64) -> Duration {
-        Duration::from_secs(s)
-    }
-
-    fn exited(child: usize) -> Event {
-        Event::Exited {
-            child: ChildId(child),
-            termination: CRASH,
-        }
-    }
-
-    /// The restart delay announced by `actions`, which must hold one crash note.
-    fn restart_in(actions: &[Action]) -> Duration {
-        match actions {
-            [Action::Note(Note::Crashed { restart_in, .. })] => *restart_in,
-            other => panic!("expected one crash note, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn start_spawns_every_child() {
-        let mut sup = Supervisor::new(3, policy());
-        let actions = sup.start(Instant::now());
-        assert_eq!(
-            actions,
-            vec![
-                Action::Spawn(ChildId(0)),
-                Action::Spawn(ChildId(1)),
-                Action::Spawn(ChildId(2))
-            ]
-        );
-        assert_eq!(sup.next_wakeup(), None);
-    }
-
-    #[test]
-    fn a_crash_restarts_after_a_doubling_backoff_capped_at_ten_seconds() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(2, policy());
-        sup.start(t0);
-        let mut now = t0;
-        let mut delays = Vec::new();
-        for _ in 0..6 {
-            now += secs(1);
-            let delay = restart_in(&sup.handle(exited(1), now));
-            delays.push(delay.as_secs());
-            // Nothing happens before the delay is over.
-            assert_eq!(sup.next_wakeup(), Some(now + delay));
-            assert!(
-                sup.handle(Event::Tick, now + delay - Duration::from_millis(1))
-                    .is_empty()
-            );
-            now += delay;
-            assert_eq!(
-                sup.handle(Event::Tick, now),
-                vec![Action::Spawn(ChildId(1))]
-            );
-        }
-        assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
-    }
-
-    #[test]
-    fn a_long_run_resets_the_backoff() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(1, policy());
-        sup.start(t0);
-        assert_eq!(restart_in(&sup.handle(exited(0), t0 + secs(1))), secs(1));
-        sup.handle(Event::Tick, t0 + secs(2));
-        assert_eq!(restart_in(&sup.handle(exited(0), t0 + secs(3))), secs(2));
-        sup.handle(Event::Tick, t0 + secs(5));
-        // This run lasts 30 s: the next delay is the first one again.
-        assert_eq!(restart_in(&sup.handle(exited(0), t0 + secs(35))), secs(1));
-    }
-
-    #[test]
-    fn the_crash_note_says_what_happened() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(1, policy());
-        sup.start(t0);
-        let killed = Termination::Signal(9);
-        let actions = sup.handle(
-            Event::Exited {
-                child: ChildId(0),
-                termination: killed,
-            },
-            t0 + secs(4),
-        );
-        assert_eq!(
-            actions,
-            vec![Action::Note(Note::Crashed {
-                child: ChildId(0),
-                termination: killed,
-                ran: secs(4),
-                restart_in: secs(1),
-                restarts: 1,
-            })]
-        );
-        assert_eq!(killed.to_string(), "killed by SIGKILL");
-        assert_eq!(CRASH.to_string(), "exit code 1");
-    }
-
-    #[test]
-    fn a_failed_spawn_is_retried_like_a_crash() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(1, policy());
-        sup.start(t0);
-        let event = Event::Exited {
-            child: ChildId(0),
-            termination: Termination::NotStarted,
-        };
-        assert_eq!(restart_in(&sup.handle(event, t0)), secs(1));
-        assert_eq!(
-            sup.handle(Event::Tick, t0 + secs(1)),
-            vec![Action::Spawn(ChildId(0))]
-        );
-    }
-
-    #[test]
-    fn stop_terminates_running_children_and_cancels_restarts() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(3, policy());
-        sup.start(t0);
-        sup.handle(exited(1), t0 + secs(1));
-        let actions = sup.handle(Event::StopRequested, t0 + secs(1));
-        assert_eq!(
-            actions,
-            vec![
-                Action::Note(Note::Stopping {
-                    running: 2,
-                    grace: secs(10)
-                }),
-                Action::Terminate(ChildId(0)),
-                Action::Terminate(ChildId(2)),
-            ]
-        );
-        assert_eq!(sup.next_wakeup(), Some(t0 + secs(11)));
-        // The cancelled restart does not happen.
-        assert!(sup.handle(Event::Tick, t0 + secs(5)).is_empty());
-        let stopped = |child| {
-            Action::Note(Note::Stopped {
-                child: ChildId(child),
-                termination: Termination::Code(0),
-            })
-        };
-        let exit = |child| Event::Exited {
-            child: ChildId(child),
-            termination: Termination::Code(0),
-        };
-        assert_eq!(sup.handle(exit(0), t0 + secs(2)), vec![stopped(0)]);
-        assert_eq!(
-            sup.handle(exit(2), t0 + secs(3)),
-            vec![stopped(2), Action::Exit]
-        );
-    }
-
-    #[test]
-    fn children_left_after_the_grace_period_are_killed() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(2, policy());
-        sup.start(t0);
-        sup.handle(Event::StopRequested, t0);
-        assert_eq!(sup.next_wakeup(), Some(t0 + secs(10)));
-        sup.handle(exited(0), t0 + secs(1));
-        assert!(sup.handle(Event::Tick, t0 + secs(9)).is_empty());
-        assert_eq!(
-            sup.handle(Event::Tick, t0 + secs(10)),
-            vec![
-                Action::Note(Note::GraceOver { left: 1 }),
-                Action::Kill(ChildId(1))
-            ]
-        );
-        assert_eq!(sup.next_wakeup(), None);
-        // Killed once only.
-        assert!(sup.handle(Event::Tick, t0 + secs(11)).is_empty());
-        assert!(sup.handle(Event::StopRequested, t0 + secs(11)).is_empty());
-        let actions = sup.handle(exited(1), t0 + secs(11));
-        assert_eq!(actions.last(), Some(&Action::Exit));
-    }
-
-    #[test]
-    fn a_second_stop_request_kills_at_once() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(2, policy());
-        sup.start(t0);
-        sup.handle(Event::StopRequested, t0);
-        assert_eq!(
-            sup.handle(Event::StopRequested, t0 + secs(1)),
-            vec![
-                Action::Note(Note::KillNow { left: 2 }),
-                Action::Kill(ChildId(0)),
-                Action::Kill(ChildId(1))
-            ]
-        );
-    }
-
-    #[test]
-    fn stop_with_nothing_running_exits_at_once() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(1, policy());
-        sup.start(t0);
-        sup.handle(exited(0), t0);
-        assert_eq!(sup.handle(Event::StopRequested, t0), vec![Action::Exit]);
-    }
-
-    #[test]
-    fn a_repeated_exit_report_is_ignored() {
-        let t0 = Instant::now();
-        let mut sup = Supervisor::new(1, policy());
-        sup.start(t0);
-        sup.handle(exited(0), t0);
-        assert!(sup.handle(exited(0), t0).is_empty());
-        assert!(sup.handle(exited(7), t0).is_empty());
-    }
-}
+mod tests;

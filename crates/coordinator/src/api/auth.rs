@@ -33,8 +33,8 @@ use super::error::{ApiError, ApiErrorKind};
 /// Paths served without a key.
 const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", "/"];
 
-/// Where only admin keys may go: changes to the cluster.
-const ADMIN_PREFIX: &str = "/v1/cluster/peers";
+/// Where only admin keys may go: changes to the cluster, and a peer's drain.
+const ADMIN_PREFIXES: [&str; 2] = ["/v1/cluster/peers", "/v1/admin/"];
 
 /// The accepted keys. `Debug` never shows them.
 #[derive(Clone, Default)]
@@ -132,7 +132,7 @@ impl ApiKeys {
 
     /// Who a request for `path` with `presented` (its bearer token) is, if it may pass.
     fn check(&self, path: &str, presented: Option<&[u8]>) -> Result<Caller, Refusal> {
-        let admin_path = path.starts_with(ADMIN_PREFIX);
+        let admin_path = ADMIN_PREFIXES.iter().any(|p| path.starts_with(p));
         let open = self.is_empty();
         if open && (self.admin.0.is_empty() || !admin_path) {
             return Ok(Caller::Anyone);
@@ -159,11 +159,11 @@ impl ApiKeys {
             (_, Some(caller), _) => Ok(caller),
             (false, None, Some(caller)) => Ok(caller),
             (true, None, Some(_)) if self.admin.0.is_empty() => Err(Refusal::Forbidden(
-                "changes to the cluster need an admin key, and this coordinator has none: \
+                "changes to the cluster and drains need an admin key, and this coordinator has none: \
                  start it with --admin-key (or TESSERA_ADMIN_KEYS)",
             )),
             (true, None, Some(_)) => Err(Refusal::Forbidden(
-                "this API key may not change the cluster: use an admin key",
+                "this API key may not change the cluster or drain a peer: use an admin key",
             )),
             (_, None, None) => Err(Refusal::Unauthorized("the API key is not valid")),
         }
@@ -321,6 +321,9 @@ mod tests {
         assert_eq!(status(&both, "/v1/cluster/peers/3", Some("user")), 403);
         assert_eq!(status(&both, peers, Some("guess")), 401);
         assert_eq!(status(&both, peers, None), 401);
+        // A peer's drain is the admin's too.
+        assert_eq!(status(&both, "/v1/admin/drain", Some("root")), 200);
+        assert_eq!(status(&both, "/v1/admin/drain", Some("user")), 403);
         // Inference keys and no admin key: no one changes the cluster.
         let users = ApiKeys::new(["user".to_string()]);
         assert_eq!(status(&users, peers, Some("user")), 403);
@@ -362,7 +365,7 @@ mod tests {
         assert_eq!(
             peers,
             Err(Refusal::Forbidden(
-                "this API key may not change the cluster: use an admin key"
+                "this API key may not change the cluster or drain a peer: use an admin key"
             ))
         );
         let open = ApiKeys::default().check("/v1/completions", None).unwrap();

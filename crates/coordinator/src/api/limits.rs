@@ -206,8 +206,9 @@ impl Drop for Ticket {
     }
 }
 
-/// Whether a request of `method` to `path` counts against the limits.
-fn is_inference(method: &Method, path: &str) -> bool {
+/// Whether a request of `method` to `path` counts against the limits (and a drain waits
+/// for it).
+pub(super) fn is_inference(method: &Method, path: &str) -> bool {
     (method == Method::POST && matches!(path, "/v1/completions" | "/v1/chat/completions"))
         || (method == Method::GET && path.starts_with("/v1/streams/"))
 }
@@ -234,11 +235,15 @@ pub(crate) async fn admit(State(gate): State<Arc<Gate>>, request: Request, next:
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
-    let response = next.run(request).await;
+    hold_until_end(next.run(request).await, ticket)
+}
+
+/// `response`, whose body keeps `guard` until it ends or is dropped (a stream included).
+pub(super) fn hold_until_end<G: Send + Unpin + 'static>(response: Response, guard: G) -> Response {
     response.map(|body| {
         Body::new(Holding {
             body,
-            _ticket: ticket,
+            _guard: guard,
         })
     })
 }
@@ -287,12 +292,12 @@ fn body_error(error: &axum::Error) -> ApiError {
 }
 
 /// A response body that keeps its request's place until it ends or is dropped.
-struct Holding {
+struct Holding<G> {
     body: Body,
-    _ticket: Ticket,
+    _guard: G,
 }
 
-impl http_body::Body for Holding {
+impl<G: Unpin> http_body::Body for Holding<G> {
     type Data = Bytes;
     type Error = axum::Error;
 

@@ -66,7 +66,8 @@ impl Default for ConnLimits {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves and every connection has closed.
+/// Serves `app` on `listener` until `shutdown` resolves and every connection has closed
+/// (within [`CLOSE_WAIT`]; then they are cut).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -124,8 +125,18 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // The drain has let the requests in flight end: what is open now is idle keep-alive
+    // connections, which close at once, or requests the drain timed out on, which are cut.
+    if tokio::time::timeout(CLOSE_WAIT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("HTTP connections still open {CLOSE_WAIT:?} after shutdown: closing them");
+    }
 }
+
+/// How long connections may take to close once the server stops.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A socket whose writes fail with `TimedOut` once one has waited `timeout` for room.
 struct TimedIo {

@@ -19,6 +19,8 @@
 //! - `GET /v1/cluster` and the status page at `/` ([`status`]); membership of the
 //!   coordinator peers: `POST /v1/cluster/peers`, `DELETE /v1/cluster/peers/{id}`
 //!   ([`peers`]).
+//! - `POST /v1/admin/drain` starts this peer's drain, `GET` says how far it is
+//!   ([`drain`]; admin keys only).
 //!
 //! Every route but `/health`, `/ready`, `/metrics` and `/` needs an API key when keys are
 //! configured ([`auth`]). Inference requests are shed past the limits of [`limits`] (429);
@@ -34,6 +36,7 @@ mod choice;
 mod completions;
 mod detach;
 mod detok;
+pub mod drain;
 mod error;
 mod idempotency;
 mod ids;
@@ -106,6 +109,9 @@ pub struct ApiState {
     pub api_keys: ApiKeys,
     /// What this peer takes on before it sheds load.
     pub limits: ApiLimits,
+    /// This peer's drain, which `POST /v1/admin/drain` starts; its middleware,
+    /// [`drain::admit`], goes in front of forwarding.
+    pub drain: Arc<drain::Drain>,
 }
 
 impl fmt::Debug for ApiState {
@@ -114,6 +120,7 @@ impl fmt::Debug for ApiState {
             .field("models", &self.models)
             .field("api_keys", &self.api_keys)
             .field("limits", &self.limits)
+            .field("drain", &self.drain.state())
             .finish_non_exhaustive()
     }
 }
@@ -144,6 +151,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/streams/{*id}", get(resume::resume))
         .route("/v1/cluster/peers", post(peers::add))
         .route("/v1/cluster/peers/{id}", delete(peers::remove))
+        .route("/v1/admin/drain", get(drain::status).post(drain::start))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -51,6 +51,7 @@ enum Input {
     Unreachable { to: PeerId, snapshot: bool },
     SnapshotSent { to: PeerId },
     Read(Read),
+    HandOver(oneshot::Sender<Option<PeerId>>),
     Stop,
 }
 
@@ -181,6 +182,15 @@ impl NodeHandle {
         rx.await.ok()
     }
 
+    /// Hands leadership to the most up-to-date other voter ([`Peer::hand_over`]); says to
+    /// whom, or `None` when this peer does not lead (or has stopped). The new leader is
+    /// known once [`NodeHandle::role`] names it.
+    pub async fn hand_over(&self) -> Option<PeerId> {
+        let (tx, rx) = oneshot::channel();
+        self.inputs.send(Input::HandOver(tx)).ok()?;
+        rx.await.ok().flatten()
+    }
+
     /// Stops the peer and waits for its thread (what a crash or a shutdown leaves: the
     /// store holds everything it acknowledged).
     pub fn stop(&self) {
@@ -306,6 +316,9 @@ impl<T: Transport> Driver<T> {
             }
             Input::SnapshotSent { to } => self.peer.report_snapshot(to, true),
             Input::Read(read) => read(self.peer.state()),
+            Input::HandOver(reply) => {
+                let _ = reply.send(self.peer.hand_over());
+            }
             Input::Stop => {}
         }
     }

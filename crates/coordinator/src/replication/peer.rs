@@ -285,6 +285,27 @@ impl Peer {
         self.node.report_unreachable(to.0);
     }
 
+    /// Hands leadership to the voter whose log matches the leader's furthest (it can
+    /// take over without catching up), before this peer stops. Raft sends it a
+    /// `TimeoutNow` once its log is current, and it wins the election that follows; this
+    /// peer stops accepting proposals meanwhile. `None` when this peer does not lead or
+    /// is the only voter.
+    pub fn hand_over(&mut self) -> Option<PeerId> {
+        if self.node.raft.state != StateRole::Leader {
+            return None;
+        }
+        let me = self.node.raft.id;
+        let to = self
+            .voters()
+            .into_iter()
+            .filter(|v| v.0 != me)
+            .filter_map(|v| Some((self.node.raft.prs().get(v.0)?.matched, v)))
+            .max_by_key(|&(matched, v)| (matched, std::cmp::Reverse(v)))
+            .map(|(_, v)| v)?;
+        self.node.transfer_leader(to.0);
+        Some(to)
+    }
+
     /// Tells Raft whether a snapshot message reached `to`. Until it hears, the leader
     /// sends that peer nothing else; a lost snapshot is sent again.
     pub fn report_snapshot(&mut self, to: PeerId, delivered: bool) {

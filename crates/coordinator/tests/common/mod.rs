@@ -17,6 +17,7 @@ use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tessera_comm::proto::{Epoch, ErrorClass, FinishReason, WireError};
+use tessera_coordinator::api::drain::Drain;
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, Resumed, ShardStatus,
@@ -312,6 +313,7 @@ pub fn app_with_limits(engine: Arc<MockEngine>, api_keys: ApiKeys, limits: ApiLi
         engine,
         api_keys,
         limits,
+        drain: Drain::new(Duration::from_secs(30)),
     })
 }
 

@@ -223,3 +223,43 @@ async fn a_peer_stopped_on_request_reports_no_failure() {
     handle.stop();
     assert_eq!(*handle.failure().borrow(), None);
 }
+
+/// A leader that hands over names another voter, which leads within an election timeout
+/// and commits; the old leader follows it. A follower has nothing to hand over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_hands_over_to_another_voter_which_then_leads() {
+    let network: Network = Arc::default();
+    for id in 1..=3u64 {
+        let store = LogStore::in_memory(&format!("peer {id}")).expect("store");
+        start(id, store, &network);
+    }
+    let (first, _) = leader(&network, Duration::from_secs(10)).await;
+    let handles: BTreeMap<u64, NodeHandle> = network.lock().expect("network").clone();
+    let old = &handles[&first];
+    old.propose(fence(1), Duration::from_secs(5))
+        .await
+        .expect("committed");
+    let follower = (1..=3).find(|&id| id != first).expect("a follower");
+    assert_eq!(handles[&follower].hand_over().await, None);
+
+    let to = old.hand_over().await.expect("a leader hands over");
+    assert_ne!(to.0, first);
+    let mut role = old.role();
+    let role = tokio::time::timeout(
+        Duration::from_secs(2),
+        role.wait_for(|r| r.leader == Some(to) && !r.is_leader()),
+    )
+    .await
+    .expect("the old leader follows the new one within 2 s")
+    .map(|r| *r)
+    .expect("peer running");
+    eprintln!("peer {first} handed over to {to} (term {})", role.term);
+    let applied = handles[&to.0]
+        .propose(fence(2), Duration::from_secs(5))
+        .await
+        .expect("the new leader commits");
+    assert_eq!(applied.outcome, Outcome::Applied);
+    for handle in handles.values() {
+        handle.stop();
+    }
+}
