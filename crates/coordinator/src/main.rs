@@ -323,6 +323,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let node = start_raft(&topology, &me, &data_dir, args.join, &endpoint)?;
     tokio::spawn(lifecycle::fail_stop(node.clone()));
+    tokio::spawn(metrics::export_raft(node.clone()));
+    tokio::spawn(metrics::export_process());
     let topology = Arc::new(topology);
     let announce = Announce {
         http: args

@@ -1,8 +1,14 @@
 //! The coordinator's Prometheus metrics: names (constants, `tessera_<area>_<name>_<unit>`),
-//! and the recorder that `GET /metrics` renders. Labels are group and rank names, routes and
-//! status codes only.
+//! the recorder that `GET /metrics` renders (histograms with buckets, so that peers'
+//! series add up), and the tasks that export the process's and the Raft peer's state.
+//! Labels are group and rank names, routes and status codes only. `docs/metrics.md` lists
+//! them, with the vLLM metric each matches.
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::replication::node::NodeHandle;
 
 /// Bytes of weights a rank read from the model files for its slice (gauge).
 pub const SHARD_WEIGHT_BYTES: &str = "tessera_shard_weight_bytes";
@@ -31,6 +37,12 @@ pub const SCHED_RESUMED: &str = "tessera_scheduler_resumed_sequences_total";
 pub const SCHED_REJECTED: &str = "tessera_scheduler_rejected_total";
 /// KV blocks counted in use by the scheduler, per group (gauge).
 pub const KV_BLOCKS_USED: &str = "tessera_kv_blocks_used";
+/// The share of the group's KV blocks in use, 0 to 1 (gauge).
+pub const KV_USAGE_RATIO: &str = "tessera_kv_usage_ratio";
+/// 1 while the group serves (its epoch's shards are all ready), else 0 (gauge).
+pub const GROUP_SERVING: &str = "tessera_group_serving";
+/// From a request's arrival in a group's queue to its first step (histogram).
+pub const SCHED_QUEUE_SECONDS: &str = "tessera_scheduler_queue_time_seconds";
 /// KV blocks rank 0 reported allocatable (free or cached-unreferenced) (gauge).
 pub const KV_BLOCKS_FREE: &str = "tessera_kv_blocks_free";
 /// Prompt tokens served from the shards' prefix cache (counter).
@@ -77,8 +89,76 @@ pub const API_CONNECTIONS: &str = "tessera_api_connections";
 /// 1 while this peer drains before it stops (`POST /v1/admin/drain`, SIGTERM).
 pub const API_DRAINING: &str = "tessera_api_draining";
 
+/// The Raft term this peer knows (gauge).
+pub const RAFT_TERM: &str = "tessera_raft_term";
+/// 1 while this peer knows a leader, else 0 (gauge).
+pub const RAFT_HAS_LEADER: &str = "tessera_raft_has_leader";
+/// 1 while this peer leads, else 0 (gauge).
+pub const RAFT_IS_LEADER: &str = "tessera_raft_is_leader";
+/// From proposing a command to applying it on this peer: the commit latency (histogram).
+pub const RAFT_PROPOSAL_SECONDS: &str = "tessera_raft_proposal_seconds";
+/// The process's resident memory (gauge; the Prometheus convention's name).
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "process_resident_memory_bytes";
+/// File descriptors the process holds open (gauge).
+pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
+
+/// Latency buckets, in seconds, from 1 ms to 10 min.
+const SECONDS_BUCKETS: [f64; 20] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 120.0, 600.0,
+];
+
+/// Tokens per step, 1 to 16384.
+const TOKEN_BUCKETS: [f64; 15] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0,
+];
+
 /// Installs the process-wide recorder; `None` if one is already installed (a second
-/// coordinator in one test process).
+/// coordinator in one test process). Every histogram gets buckets.
 pub fn install() -> Option<PrometheusHandle> {
-    PrometheusBuilder::new().install_recorder().ok()
+    let builder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STEP_TOKENS.into()), &TOKEN_BUCKETS))
+        .ok()?;
+    builder.install_recorder().ok()
+}
+
+/// How often the process's and the Raft peer's gauges are refreshed.
+const EXPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the Raft gauges current: the term, whether a leader is known, whether this peer
+/// leads. Runs until the peer stops.
+pub async fn export_raft(node: NodeHandle) {
+    let mut role = node.role();
+    loop {
+        let now = *role.borrow_and_update();
+        ::metrics::gauge!(RAFT_TERM).set(now.term.0 as f64);
+        ::metrics::gauge!(RAFT_HAS_LEADER).set(f64::from(u8::from(now.leader.is_some())));
+        ::metrics::gauge!(RAFT_IS_LEADER).set(f64::from(u8::from(now.is_leader())));
+        if role.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Refreshes the process gauges every [`EXPORT_EVERY`], for ever.
+pub async fn export_process() {
+    let mut every = tokio::time::interval(EXPORT_EVERY);
+    loop {
+        every.tick().await;
+        if let Some(rss) = resident_bytes() {
+            ::metrics::gauge!(PROCESS_RESIDENT_MEMORY_BYTES).set(rss as f64);
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            ::metrics::gauge!(PROCESS_OPEN_FDS).set(fds.count() as f64);
+        }
+    }
+}
+
+/// Resident bytes, from `/proc/self/statm` (pages, second field); `None` off Linux.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
 }

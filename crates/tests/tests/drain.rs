@@ -64,9 +64,8 @@ fn finish_reason(events: &[tessera_tests::SseEvent]) -> Option<String> {
 #[test]
 fn sigterm_during_16_streams_lets_every_one_finish_by_length() {
     let group = GroupSpec::local("g", "m", &fixture("llama-gqa/f32"), 2);
-    let mut cluster =
-        Cluster::start_local_with(&[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
-            .expect("cluster starts");
+    let mut cluster = Cluster::start_local_with(&[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
+        .expect("cluster starts");
     let url = cluster.http.clone();
     wait_ready(&url, Duration::from_secs(30));
     let streams: Vec<_> = (0..STREAMS)
@@ -77,7 +76,10 @@ fn sigterm_during_16_streams_lets_every_one_finish_by_length() {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     while metric(&url, "tessera_api_in_flight_requests", "").unwrap_or(0.0) < STREAMS as f64 {
-        assert!(Instant::now() < deadline, "the 16 streams never ran at once");
+        assert!(
+            Instant::now() < deadline,
+            "the 16 streams never ran at once"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     cluster.signal("coordinator-1", Signal::SIGTERM);
@@ -95,7 +97,11 @@ fn sigterm_during_16_streams_lets_every_one_finish_by_length() {
     };
     assert_eq!(refused["error"]["code"], "draining", "{refused}");
     let (ready, body) = get(&format!("{url}/ready")).expect("GET /ready");
-    assert_eq!((ready, &body["status"]), (503, &json!("draining")), "{body}");
+    assert_eq!(
+        (ready, &body["status"]),
+        (503, &json!("draining")),
+        "{body}"
+    );
 
     for (i, stream) in streams.into_iter().enumerate() {
         let (events, done) = stream.join().expect("stream thread");

@@ -126,11 +126,18 @@ impl NodeHandle {
         timeout: Duration,
     ) -> Result<Applied, ProposalError> {
         let (tx, rx) = oneshot::channel();
+        let proposed = Instant::now();
         self.inputs
             .send(Input::Propose(proposal, tx))
             .map_err(|_| ProposalError::Stopped)?;
         match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(result)) => {
+                if result.is_ok() {
+                    ::metrics::histogram!(crate::metrics::RAFT_PROPOSAL_SECONDS)
+                        .record(proposed.elapsed().as_secs_f64());
+                }
+                result
+            }
             Ok(Err(_)) => Err(ProposalError::Stopped),
             Err(_) => Err(ProposalError::Timeout(timeout)),
         }

@@ -74,6 +74,15 @@ impl Driver {
         metrics::gauge!(m::SCHED_RUNNING, &group()).set(s.running as f64);
         metrics::gauge!(m::SCHED_WAITING, &group()).set(s.waiting as f64);
         metrics::gauge!(m::KV_BLOCKS_USED, &group()).set(f64::from(used));
+        if total > 0 {
+            let usage = f64::from(used) / f64::from(total);
+            metrics::gauge!(m::KV_USAGE_RATIO, &group()).set(usage);
+        }
+        let serving = matches!(self.state, State::Serving { .. });
+        metrics::gauge!(m::GROUP_SERVING, &group()).set(f64::from(u8::from(serving)));
+        for wait in self.sched.take_queue_waits() {
+            metrics::histogram!(m::SCHED_QUEUE_SECONDS, &group()).record(wait.as_secs_f64());
+        }
         let preemptions = self.sched.preemptions();
         if preemptions > self.preemptions {
             metrics::counter!(m::SCHED_PREEMPTIONS, &group())

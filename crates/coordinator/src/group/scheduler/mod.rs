@@ -192,7 +192,13 @@ pub struct Scheduler {
     /// Resumed requests run on as carried sequences / recomputed, since start.
     resumed_carried: u64,
     resumed_recomputed: u64,
+    /// How long each new request waited before its first admission, since the driver
+    /// last took them ([`Scheduler::take_queue_waits`]); at most [`MAX_QUEUE_WAITS`].
+    queue_waits: Vec<Duration>,
 }
+
+/// Queue waits kept between two takes (the driver takes them every tick).
+const MAX_QUEUE_WAITS: usize = 4096;
 
 impl Scheduler {
     pub fn new(term: Term, config: SchedulerConfig) -> Scheduler {
@@ -215,6 +221,7 @@ impl Scheduler {
             preemptions: 0,
             resumed_carried: 0,
             resumed_recomputed: 0,
+            queue_waits: Vec::new(),
         }
     }
 
@@ -383,6 +390,12 @@ impl Scheduler {
     /// carried sequences, recomputed).
     pub fn resumed(&self) -> (u64, u64) {
         (self.resumed_carried, self.resumed_recomputed)
+    }
+
+    /// How long the requests admitted since the last call waited in the queue before
+    /// their first step (resumed and preempted ones are not counted).
+    pub fn take_queue_waits(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut self.queue_waits)
     }
 
     /// Sequences preempted since start.

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use tessera_comm::proto::{NewSeq, PrefillChunk, SeqId, StepId, StepPlan};
 
-use super::{InFlight, QueueKey, Running, Scheduler, Waiting};
+use super::{InFlight, MAX_QUEUE_WAITS, QueueKey, Running, Scheduler, Waiting};
 
 /// What one plan is being filled with.
 struct Draft {
@@ -20,6 +20,7 @@ struct Draft {
     new: Vec<NewSeq>,
     prefill: Vec<PrefillChunk>,
     decode: Vec<SeqId>,
+    now: Instant,
 }
 
 impl Scheduler {
@@ -34,6 +35,7 @@ impl Scheduler {
             new: Vec::new(),
             prefill: Vec::new(),
             decode: Vec::new(),
+            now,
         };
         self.plan_decodes(&mut draft);
         self.plan_prefills(&mut draft);
@@ -120,6 +122,9 @@ impl Scheduler {
             let w = self.waiting.remove(&key).expect("found above");
             if w.resumed {
                 self.resumed_recomputed += 1;
+            } else if w.generated.is_empty() && self.queue_waits.len() < MAX_QUEUE_WAITS {
+                self.queue_waits
+                    .push(draft.now.saturating_duration_since(w.arrived));
             }
             let chunk = prefill_len.min(draft.budget as u32);
             draft.budget -= chunk as usize;

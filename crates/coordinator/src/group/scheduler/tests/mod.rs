@@ -4,6 +4,8 @@ use tessera_comm::proto::{FinishReason, Sampling, SeqToken, StepPlan};
 
 use super::*;
 
+mod queue;
+
 fn request(prompt: usize, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         model: "m".into(),
