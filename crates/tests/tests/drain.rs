@@ -3,8 +3,8 @@
 //!   `draining` meanwhile, and the peer exits 0;
 //! - `tessera drain` on the leader of three peers: it hands leadership over and exits, and
 //!   the others serve on;
-//! - a rolling restart of three peers under load: no request fails, for a client that
-//!   retries what was refused before it ran (503, or a connection refused).
+//! - a rolling restart of three peers under load of streams: no stream is cut, for a
+//!   client that retries what was refused before it began (503, or a connection refused).
 
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,8 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use tessera_tests::failover::{slow_three_peers, wait_for_leader};
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, get, metric, post, sse,
+    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, get, metric, post, read_sse,
+    sse,
 };
 
 const STREAMS: usize = 16;
@@ -176,9 +177,10 @@ struct Tally {
     failed: Vec<String>,
 }
 
-/// One request, retried on another peer while it is refused before it runs: 503 (a
-/// draining peer, no leader yet) or a refused connection (a peer that stopped). Anything
-/// else is a failure: an interrupted request, a broken connection, a wrong answer.
+/// One streamed request, retried on another peer while it is refused before it starts:
+/// 503 (a draining peer, no leader yet) or a refused connection (a peer that stopped).
+/// Anything else is a failure: a stream cut after it began (its client has tokens already
+/// and cannot simply retry), an interrupted request, a wrong answer.
 fn request_until_served(urls: &[String], first: usize, tally: &Mutex<Tally>) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -186,48 +188,41 @@ fn request_until_served(urls: &[String], first: usize, tally: &Mutex<Tally>) {
         .build()
         .into();
     let deadline = Instant::now() + Duration::from_secs(60);
+    let fail = |failure: String| tally.lock().expect("tally").failed.push(failure);
     let mut peer = first;
     loop {
         let url = format!("{}/v1/completions", urls[peer % urls.len()]);
         let sent = agent
             .post(&url)
             .header("Authorization", &format!("Bearer {TEST_API_KEY}"))
-            .send_json(completion(8, false));
-        let outcome = match sent {
+            .send_json(completion(8, true));
+        // Only a refusal before the stream began goes on to the retry below.
+        match sent {
+            Ok(mut response) if response.status() == 200 => {
+                let reader = std::io::BufReader::new(response.body_mut().as_reader());
+                let (events, done) = read_sse(reader, |_| true);
+                if done && finish_reason(&events).as_deref() == Some("length") {
+                    tally.lock().expect("tally").completed += 1;
+                } else {
+                    fail(format!("{url}: a stream cut or wrong: {events:?}"));
+                }
+                return;
+            }
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 let body: Value = response.body_mut().read_json().unwrap_or(Value::Null);
-                match status {
-                    200 if body["usage"]["completion_tokens"] == 8 => Ok(()),
-                    503 if body["error"]["code"] != "request_interrupted" => Err(()),
-                    _ => {
-                        let failure = format!("{url}: {status} {body}");
-                        tally.lock().expect("tally").failed.push(failure);
-                        return;
-                    }
+                if status != 503 || body["error"]["code"] == "request_interrupted" {
+                    return fail(format!("{url}: {status} {body}"));
                 }
             }
-            Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(()),
-            Err(ureq::Error::ConnectionFailed) => Err(()),
-            Err(error) => {
-                let failure = format!("{url}: {error}");
-                tally.lock().expect("tally").failed.push(failure);
-                return;
-            }
-        };
-        let mut tally = tally.lock().expect("tally");
-        match outcome {
-            Ok(()) => {
-                tally.completed += 1;
-                return;
-            }
-            Err(()) => tally.retried += 1,
+            Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(ureq::Error::ConnectionFailed) => {}
+            Err(error) => return fail(format!("{url}: {error}")),
         }
+        tally.lock().expect("tally").retried += 1;
         if Instant::now() > deadline {
-            tally.failed.push(format!("{url}: refused for 60 s"));
-            return;
+            return fail(format!("{url}: refused for 60 s"));
         }
-        drop(tally);
         peer += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
