@@ -42,6 +42,10 @@ echo "== cargo test (${SECONDS}s)"
 # One build for the whole workspace: cargo unifies features across it, so here the
 # coordinator links a CUDA-enabled model crate; the tree check above holds its own graph.
 cargo test --workspace --locked
+echo "== the deployment files under deploy/ (${SECONDS}s)"
+# Dockerfiles, systemd units and Kubernetes manifests, linted and validated; the
+# topologies of the Kubernetes examples checked by the tessera binary cargo test built.
+scripts/check-deploy.sh
 echo "== the shard without cuda refuses a cuda device (${SECONDS}s)"
 cargo test --locked --no-default-features -p tessera-shard --test cli
 echo "== the Raft core's failpoints (feature failpoints) (${SECONDS}s)"
