@@ -175,6 +175,18 @@ for overlay in "${OVERLAYS[@]}"; do
 $(cat "$work/$overlay.check")"
     fi
 done
+echo "-- deploy/prometheus, deploy/grafana: promtool, and the dashboard's JSON"
+# crates/tests/tests/monitoring.rs evaluates both against a live cluster.
+if command -v promtool >/dev/null 2>&1; then
+    promtool check rules deploy/prometheus/alerts.yml >/dev/null \
+        || fail "promtool check rules deploy/prometheus/alerts.yml failed"
+    (cd deploy/prometheus && promtool check config prometheus.yml >/dev/null) \
+        || fail "promtool check config deploy/prometheus/prometheus.yml failed"
+else
+    skip "promtool is missing (Debian's prometheus)"
+fi
+python3 -m json.tool deploy/grafana/tessera.json >/dev/null \
+    || fail "deploy/grafana/tessera.json is not JSON"
 # Manifests outside the kustomizations, applied by hand.
 python3 -m kubernetes_validate --strict --quiet -k "${K8S_VERSIONS[-1]}" \
     deploy/kubernetes/demo/model-loader.yaml || fail "deploy/kubernetes/demo/model-loader.yaml does not validate"

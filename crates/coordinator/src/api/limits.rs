@@ -248,6 +248,16 @@ pub(super) fn hold_until_end<G: Send + Unpin + 'static>(response: Response, guar
     })
 }
 
+/// The limits' series, at 0 until their first event, so that alerts and dashboards on
+/// them evaluate from the start.
+pub(super) fn register_metrics() {
+    for reason in ["in_flight", "key_in_flight", "rate", "draining"] {
+        ::metrics::counter!(names::API_SHED, "reason" => reason).increment(0);
+    }
+    ::metrics::gauge!(names::API_IN_FLIGHT).set(0.0);
+    ::metrics::gauge!(names::API_DRAINING).set(0.0);
+}
+
 impl Shed {
     fn reason(&self) -> &'static str {
         match self {

@@ -139,6 +139,7 @@ impl ApiState {
 pub fn router(state: ApiState) -> Router {
     let keys = state.api_keys.clone();
     let gate = limits::Gate::new(state.limits);
+    limits::register_metrics();
     Router::new()
         .route("/", get(status::page))
         .route("/health", get(health))

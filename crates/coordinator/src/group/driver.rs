@@ -31,6 +31,7 @@ use tracing::{info, warn};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{GroupCommand, GroupHandle, Shared, TokenSender};
 use crate::engine::{GroupStatus, ShardStatus};
+use crate::metrics as m;
 use crate::replication::state::Command;
 
 mod epoch;
@@ -154,6 +155,17 @@ enum State {
 
 /// Starts the driver of one group.
 pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
+    // The group's counters exist from the start, at 0, so that alerts and dashboards on
+    // them evaluate before the first event.
+    let group = [("group", config.name.clone())];
+    for counter in [
+        m::GROUP_FENCES,
+        m::SCHED_PREEMPTIONS,
+        m::SCHED_REJECTED,
+        m::PREFIX_CACHE_HIT_TOKENS,
+    ] {
+        metrics::counter!(counter, &group).increment(0);
+    }
     let (commands, command_rx) = mpsc::channel(super::COMMAND_BUFFER);
     let status = GroupStatus {
         name: config.name.clone(),
