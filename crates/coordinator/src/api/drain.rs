@@ -118,8 +118,8 @@ fn refusal() -> ApiError {
 /// new inference requests then, and counts those it admits until their bodies end.
 pub async fn admit(State(drain): State<Arc<Drain>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    if path == "/ready" && drain.state().draining {
-        let state = drain.state();
+    let state = drain.state();
+    if path == "/ready" && state.draining {
         let body = serde_json::json!({"status": "draining", "in_flight": state.in_flight});
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
@@ -136,16 +136,14 @@ pub async fn admit(State(drain): State<Arc<Drain>>, request: Request, next: Next
 /// What `GET` and `POST /v1/admin/drain` answer.
 #[derive(Debug, Serialize)]
 struct DrainReport {
-    draining: bool,
-    in_flight: usize,
+    #[serde(flatten)]
+    state: DrainState,
     timeout_s: f64,
 }
 
 fn report(drain: &Drain) -> DrainReport {
-    let state = drain.state();
     DrainReport {
-        draining: state.draining,
-        in_flight: state.in_flight,
+        state: drain.state(),
         timeout_s: drain.timeout.as_secs_f64(),
     }
 }
