@@ -7,7 +7,8 @@
 #   scripts/fuzz.sh [SECONDS]
 #   TESSERA_FUZZ_SETS=comm scripts/fuzz.sh 15     # one set only
 #
-# Findings land in crates/<crate>/fuzz/artifacts/<target>/; replay one with
+# Findings land in crates/<crate>/fuzz/artifacts/<target>/ (copy each one fixed into
+# crates/<crate>/fuzz/seeds/<target>/, so every later run replays it); replay one with
 #   cd crates/<crate>/fuzz && cargo +nightly fuzz run <target> artifacts/<target>/<file>
 set -euo pipefail
 
@@ -45,7 +46,11 @@ run_set() {
         echo "fuzz.sh: $target for ${seconds}s"
         # -rss_limit_mb: a frame is at most 16 MiB, so a run that needs more than this is a
         # finding (an allocation sized by the input), not a slow input.
-        cargo +nightly fuzz run "$target" -- \
+        # seeds/<target> (committed) holds inputs that once found a bug; they run first.
+        mkdir -p "corpus/$target"
+        local seeds=()
+        [[ -d "seeds/$target" ]] && seeds=("seeds/$target")
+        cargo +nightly fuzz run "$target" "corpus/$target" "${seeds[@]}" -- \
             -max_total_time="$seconds" -rss_limit_mb=1024 -max_len=65536
         count=$((count + 1))
     done
