@@ -27,7 +27,7 @@ use tessera_topology::{PeerId, Rank};
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// A `u64` that names one kind of thing, so that ids of different kinds cannot be mixed
 /// up. Transparent on the wire: bincode encodes it as the `u64` it wraps.
@@ -162,6 +162,9 @@ pub struct Ready {
     pub weight_bytes: u64,
     /// The sequences of [`Assignment::keep`] this rank carried into the epoch.
     pub kept: Vec<SeqId>,
+    /// How long this rank's warmup ([`Assignment::warmup`]) took, in milliseconds; `None`
+    /// when it ran none (it carried its cache, or the assignment asked for none).
+    pub warmup_ms: Option<u64>,
 }
 
 /// What a shard reports after executing one [`StepPlan`].
@@ -273,6 +276,35 @@ pub struct Assignment {
     /// Sequences to carry into this epoch with their KV cache (every rank reported them
     /// held, alike); every other sequence is freed. Empty: start with an empty cache.
     pub keep: Vec<SeqId>,
+    /// The steps to run before saying `Ready` when the rank starts the epoch with a new
+    /// KV cache (not when it carries its cache into the epoch).
+    pub warmup: Warmup,
+}
+
+/// The largest steps the coordinator will plan for a group, which a rank runs on a new KV
+/// cache before it says `Ready`: whatever the first real steps of that size would do for
+/// the first time (allocations, page faults of fresh buffers, a GPU's decode graph
+/// captures, its libraries' lazy set-up) is done before traffic. Every rank of a group gets the same
+/// figures and caps them the same way (by its KV blocks and the model's context), so the
+/// ranks' collective calls match.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Warmup {
+    /// Prompt tokens of the largest prefill step (the scheduler's step budget); 0: none.
+    pub prefill_tokens: u32,
+    /// Sequences of the largest decode step (the scheduler's running limit); 0: none.
+    pub decode_seqs: u32,
+}
+
+impl Warmup {
+    /// No warmup.
+    pub const NONE: Warmup = Warmup {
+        prefill_tokens: 0,
+        decode_seqs: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.prefill_tokens == 0 && self.decode_seqs == 0
+    }
 }
 
 /// How the ranks of a group find each other.

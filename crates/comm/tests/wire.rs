@@ -9,7 +9,7 @@ use tessera_comm::GroupToken;
 use tessera_comm::proto::{
     Assignment, Bootstrap, CoordinatorMsg, Epoch, ErrorClass, FinishReason, HeldSeq, NewSeq,
     PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone,
-    StepId, StepPlan, StepTimings, Term, TokenLogprobs, WireError,
+    StepId, StepPlan, StepTimings, Term, TokenLogprobs, Warmup, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -45,6 +45,7 @@ fn shard_msgs() -> Vec<ShardMsg> {
             block_size: 16,
             weight_bytes: 17 << 30,
             kept: vec![SeqId(5 << 40 | 9)],
+            warmup_ms: Some(1234),
         }),
         ShardMsg::StepDone(StepDone {
             epoch: Epoch(2),
@@ -137,6 +138,10 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
             bootstrap,
             collective_deadline_ms: 2000,
             keep: vec![SeqId(1), SeqId(2)],
+            warmup: Warmup {
+                prefill_tokens: 256,
+                decode_seqs: 64,
+            },
         })
     };
     vec![

@@ -222,15 +222,43 @@ impl Engine for Cluster {
     }
 
     fn ready(&self, model: &str) -> bool {
-        self.groups
-            .values()
-            .any(|g| g.model == model && g.is_ready())
+        let groups = self.groups.values().filter(|g| g.model == model);
+        model_ready(groups.map(|g| (g.has_warmed(), g.is_ready())))
     }
+}
+
+/// Whether a model whose groups are `(warmed up, serving now)` is ready: it has groups,
+/// every one has warmed up (served an epoch), so none gets its first requests cold, and
+/// one serves now.
+fn model_ready(groups: impl Iterator<Item = (bool, bool)>) -> bool {
+    let (mut any, mut all_warmed, mut serving) = (false, true, false);
+    for (warmed, ready) in groups {
+        any = true;
+        all_warmed &= warmed;
+        serving |= ready;
+    }
+    any && all_warmed && serving
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_is_ready_once_every_group_has_warmed_up_and_one_serves() {
+        let ready = |groups: &[(bool, bool)]| model_ready(groups.iter().copied());
+        assert!(!ready(&[]), "no group");
+        assert!(ready(&[(true, true)]));
+        assert!(
+            !ready(&[(true, true), (false, false)]),
+            "a group still warming up"
+        );
+        assert!(
+            ready(&[(true, true), (true, false)]),
+            "a group fenced later"
+        );
+        assert!(!ready(&[(true, false), (true, false)]), "none serving");
+    }
 
     fn load(serving: bool, waiting: usize, running: usize, headroom: f64) -> Load {
         Load {

@@ -20,7 +20,7 @@ use tessera_coordinator::api::drain::{self, Drain};
 use tessera_coordinator::api::listen::{self, ConnLimits};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
 use tessera_coordinator::forward::{self, Forwarder};
-use tessera_coordinator::group::driver::Limits;
+use tessera_coordinator::group::driver::{Limits, WarmupMode};
 use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
 use tessera_coordinator::replication::transport::{self, Addresses};
 use tessera_coordinator::replication::{LogStore, log, membership, node, peer::Peer};
@@ -102,6 +102,12 @@ struct Args {
         default_value_t = 30.0
     )]
     drain_timeout: f64,
+    /// When a group's shards warm up on a new KV cache before they say ready: a prefill
+    /// of the step budget, then decodes of the running limit (on a GPU, of every batch
+    /// size a decode graph is captured for). `auto`: when a shard of the group is on a
+    /// GPU. `/ready` waits for every group's warmup.
+    #[arg(long, value_enum, env = "TESSERA_WARMUP", default_value_t = WarmupMode::Auto)]
+    warmup: WarmupMode,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -291,6 +297,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let conn_limits = args.limits.connections()?;
     let group_limits = Limits {
         queue_timeout: seconds("--queue-timeout", args.limits.queue_timeout)?,
+        warmup: args.warmup,
         ..Limits::default()
     };
     let api_keys = ApiKeys::new(args.api_keys)

@@ -14,6 +14,8 @@ use crate::replication::node::NodeHandle;
 pub const SHARD_WEIGHT_BYTES: &str = "tessera_shard_weight_bytes";
 /// KV blocks a rank reported for the current epoch (gauge).
 pub const SHARD_KV_BLOCKS: &str = "tessera_shard_kv_blocks";
+/// Seconds a shard's last warmup took (gauge; `group`, `rank`).
+pub const SHARD_WARMUP_SECONDS: &str = "tessera_shard_warmup_seconds";
 /// Time a rank spent executing one step (histogram).
 pub const SHARD_STEP_SECONDS: &str = "tessera_shard_step_duration_seconds";
 /// Time inside collective calls during one step (histogram).

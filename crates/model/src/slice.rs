@@ -88,6 +88,16 @@ impl ModelSlice {
         }
     }
 
+    /// Whether decode steps capture a CUDA graph per batch size the first time that size
+    /// runs: a CUDA slice (unless `TESSERA_CUDA_GRAPHS=0`, when it runs them eagerly).
+    pub fn captures_decode_graphs(&self) -> bool {
+        match self {
+            ModelSlice::Cpu(_) => false,
+            #[cfg(feature = "cuda")]
+            ModelSlice::Cuda(_) => true,
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         match self {
             ModelSlice::Cpu(m) => m.config(),

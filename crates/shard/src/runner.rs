@@ -32,6 +32,9 @@ use tessera_topology::Rank;
 use crate::blocks::{BlockAllocator, BlockId, ChainHash};
 use crate::error::ShardError;
 
+mod warmup;
+pub use warmup::{FIRST_WARMUP_SEQ, WarmupRun, warmup_plans};
+
 /// One sequence as this rank holds it.
 #[derive(Debug)]
 struct Seq {

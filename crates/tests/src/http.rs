@@ -1,7 +1,8 @@
 //! The tests' HTTP client for a cluster's API: JSON `POST` and `GET` with the test API
-//! key, one Prometheus metric, and Server-Sent Events streams read to the end.
+//! key, one Prometheus metric, Server-Sent Events streams read to the end, and waiting
+//! for `/ready`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use serde_json::Value;
@@ -186,4 +187,23 @@ pub fn token_ids(answer: &Value) -> anyhow::Result<Vec<u32>> {
                 .ok_or_else(|| anyhow!("token id {v} is not a number"))
         })
         .collect()
+}
+
+/// Waits until `{http}/ready` answers 200 (every model's groups have warmed up and one of
+/// each serves); panics after `timeout` with `logs()`.
+pub fn wait_ready(http: &str, timeout: Duration, logs: impl Fn() -> String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(r) = ureq::get(format!("{http}/ready")).call()
+            && r.status() == 200
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready after {timeout:?}\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

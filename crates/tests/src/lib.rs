@@ -28,10 +28,11 @@ pub mod up;
 
 pub use http::{
     SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, post_with, read_sse, sse, token_ids,
+    wait_ready,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-pub use probe::{leader_seen_by, open_fds, rss};
+pub use probe::{first_and_steady_latency, leader_seen_by, open_fds, rss};
 use serde_json::{Value, json};
 
 /// The repository root: `TESSERA_REPO_ROOT` where a test binary runs away from its build
@@ -486,6 +487,11 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Waits until `/ready` answers 200 (see [`wait_ready`]).
+    pub fn wait_ready(&self, timeout: Duration) {
+        wait_ready(&self.http, timeout, || self.logs());
     }
 
     /// `POST /v1/completions` with `body`; the status and the JSON answer.

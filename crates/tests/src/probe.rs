@@ -1,5 +1,7 @@
-//! What the tests read of a running cluster from outside: who leads, as a peer sees it, and
-//! a process's memory and open files.
+//! What the tests read of a running cluster from outside: who leads, as a peer sees it,
+//! a process's memory and open files, and request latencies.
+
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -37,4 +39,31 @@ pub fn rss(pid: i32) -> u64 {
 /// How many file descriptors a process has open (0 when it is gone).
 pub fn open_fds(pid: i32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
+}
+
+/// Latencies of six greedy requests to `model` at `http`, one after another, each with a
+/// prompt of its own (8 tokens, so no prefix cache hit) and `max_tokens` tokens: the
+/// first one's, and the median of the other five (the steady state).
+pub fn first_and_steady_latency(
+    http: &str,
+    model: &str,
+    max_tokens: usize,
+) -> (Duration, Duration) {
+    let mut times: Vec<Duration> = (0..6u32)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..8).map(|t| 1 + (i * 8 + t) % 60).collect();
+            let body = serde_json::json!({
+                "model": model, "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": true,
+            });
+            let started = Instant::now();
+            let (status, answer) = crate::post(&format!("{http}/v1/completions"), &body)
+                .unwrap_or_else(|e| panic!("request {i}: {e:#}"));
+            assert_eq!(status, 200, "request {i}: {answer}");
+            started.elapsed()
+        })
+        .collect();
+    let first = times.remove(0);
+    times.sort();
+    (first, times[times.len() / 2])
 }

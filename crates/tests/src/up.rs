@@ -91,22 +91,9 @@ impl Up {
         std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
     }
 
-    /// Waits until `/ready` answers 200: every model has a group that can step.
+    /// Waits until `/ready` answers 200 (see [`crate::wait_ready`]).
     pub fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(r) = ureq::get(format!("{}/ready", self.http)).call()
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not ready after {timeout:?}\n{}",
-                self.log()
-            );
-            thread::sleep(Duration::from_millis(200));
-        }
+        crate::wait_ready(&self.http, timeout, || self.log());
     }
 
     /// The pid of the coordinator `tessera up` started.

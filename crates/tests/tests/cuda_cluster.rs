@@ -1,13 +1,17 @@
 //! A real cluster with shards on `cuda:0` (`scripts/gpu-check.sh` runs this on a GPU): the
 //! coordinator, a CPU group, a GPU group (tp = 1) and a tp = 2 group with both shards on
 //! the same GPU through the CPU collective (shared memory), all serving the same fixture
-//! model; the GPU groups' greedy tokens compared with the CPU shard's and transformers'.
+//! model; the GPU groups' greedy tokens compared with the CPU shard's and transformers',
+//! and the first request after `/ready` (the GPU groups warmed up) with the steady state.
 //! Without a CUDA driver the test says so and passes, unless `TESSERA_REQUIRE_GPU=1`.
 
 use std::time::Duration;
 
 use tessera_kernels::cuda::device::driver_present;
-use tessera_tests::{Cluster, GroupSpec, f32_greedy, fixture, free_port, topology_text};
+use tessera_tests::{
+    Cluster, GroupSpec, f32_greedy, first_and_steady_latency, fixture, free_port, metric,
+    topology_text,
+};
 
 #[test]
 fn a_cuda_shard_serves_the_tokens_a_cpu_shard_does() {
@@ -47,6 +51,36 @@ fn a_cuda_shard_serves_the_tokens_a_cpu_shard_does() {
     cluster
         .wait_healthy(Duration::from_secs(60))
         .expect("coordinator healthy");
+    // The GPU groups warm up before `/ready` (`--warmup auto`): the first request after it
+    // pays for no graph capture or first use.
+    cluster.wait_ready(Duration::from_secs(180));
+    let (first, steady) = first_and_steady_latency(&cluster.http, "m-gpu", 32);
+    let ratio = first.as_secs_f64() / steady.as_secs_f64();
+    eprintln!("m-gpu: first request after /ready {first:?}, steady state {steady:?} ({ratio:.2}×)");
+    assert!(
+        ratio <= 1.5,
+        "the first request after /ready took {ratio:.2}× the steady state's {steady:?}\n{}",
+        cluster.logs()
+    );
+    for group in ["gpu", "gpu2"] {
+        let labels = format!("group=\"{group}\"");
+        let warmup = metric(&cluster.http, "tessera_shard_warmup_seconds", &labels);
+        assert!(
+            warmup.expect("metrics") > 0.0,
+            "{group}'s shards warmed up\n{}",
+            cluster.logs()
+        );
+    }
+    let cpu_warmup = metric(
+        &cluster.http,
+        "tessera_shard_warmup_seconds",
+        "group=\"cpu\"",
+    );
+    assert_eq!(
+        cpu_warmup.expect("metrics"),
+        0.0,
+        "auto skips a CPU group's warmup"
+    );
     for model in ["m-gpu", "m-gpu2"] {
         let (mut same, mut total) = (0, 0);
         for (prompt, want) in f32_greedy("llama-gqa") {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::{
     Assignment, Bootstrap, CoordinatorMsg, Epoch, NewSeq, PrefillChunk, Sampling, SeqId, ShardMsg,
-    StepId, StepPlan, Term,
+    StepId, StepPlan, Term, Warmup,
 };
 use tessera_comm::{GroupToken, quic, wire};
 use tessera_tests::{Cluster, GroupSpec, fixture, local_peer_addrs, peers_topology_text};
@@ -91,6 +91,7 @@ fn assign(term: u64, epoch: u64) -> CoordinatorMsg {
         bootstrap: Bootstrap::Solo,
         collective_deadline_ms: 2000,
         keep: Vec::new(),
+        warmup: Warmup::NONE,
     })
 }
 

@@ -125,6 +125,7 @@ fn rank_0s_nccl_id_reaches_every_rank_and_the_group_serves() {
             block_size: 16,
             weight_bytes: 1,
             kept: Vec::new(),
+            warmup_ms: None,
         };
         send(&mut r0, &ShardMsg::Ready(ready.clone())).await;
         send(&mut r1, &ShardMsg::Ready(ready)).await;

@@ -81,7 +81,7 @@ impl std::fmt::Debug for EpochJournal {
     }
 }
 
-/// Deadlines of a group.
+/// Deadlines of a group, and whether its ranks warm up.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// A collective call waits this long for the other ranks.
@@ -96,6 +96,21 @@ pub struct Limits {
     /// A request waits at most this long in a serving group's queue; then it gets 429, so
     /// that under overload every request ends within a bound.
     pub queue_timeout: Duration,
+    /// Whether ranks warm up on a new KV cache before they say `Ready` (the largest
+    /// steps the scheduler plans; see [`tessera_comm::proto::Warmup`]).
+    pub warmup: WarmupMode,
+}
+
+/// When a group's ranks warm up before they say `Ready`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WarmupMode {
+    /// When a rank of the group runs on a GPU: there the first steps of each size capture
+    /// decode graphs and set up libraries. A CPU shard's first request was measured as
+    /// fast as its later ones, and the warmup's 256-sequence decode takes seconds there.
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 impl Default for Limits {
@@ -111,6 +126,7 @@ impl Default for Limits {
             assign_deadline: Duration::from_secs(300),
             queue_wait: Duration::from_secs(60),
             queue_timeout: Duration::from_secs(30),
+            warmup: WarmupMode::Auto,
         }
     }
 }

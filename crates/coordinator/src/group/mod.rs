@@ -38,6 +38,8 @@ pub struct ShardLink {
 #[derive(Debug, Default)]
 pub struct Shared {
     ready: AtomicBool,
+    /// Set when the group first serves an epoch (its ranks warmed up before), for good.
+    warmed: AtomicBool,
     waiting: AtomicUsize,
     max_waiting: usize,
     status: Mutex<GroupStatus>,
@@ -80,6 +82,12 @@ impl GroupHandle {
     /// True while the group is serving an epoch.
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::Relaxed)
+    }
+
+    /// True once the group has served an epoch, so its ranks have warmed up (a group
+    /// fenced later stays warmed).
+    pub fn has_warmed(&self) -> bool {
+        self.shared.warmed.load(Ordering::Relaxed)
     }
 
     /// Requests waiting for admission.

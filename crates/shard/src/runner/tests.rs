@@ -1,7 +1,7 @@
 use std::path::Path;
 
 use tessera_comm::collective::Solo;
-use tessera_comm::proto::{PrefillChunk, Sampling};
+use tessera_comm::proto::{PrefillChunk, Sampling, Warmup};
 use tessera_kernels::cpu::sample_threshold;
 use tessera_kernels::sampling::SamplingParams;
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache};
@@ -83,13 +83,69 @@ fn a_token_sampled_with_the_draw_is_the_token_the_host_samples() {
     }
 }
 
-#[test]
-fn the_device_sampling_switch_leaves_a_cpu_shards_tokens_as_they_were() {
+/// The llama-gqa f32 fixture, and a runner on a new cache of 64 blocks for it.
+fn fixture() -> (ModelSlice, impl Fn(bool) -> StepRunner) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama-gqa/f32");
     let llama = loader::load_weights(&dir).expect("fixture loads");
     let layout = llama.kv_layout(DEFAULT_BLOCK_SIZE);
     let layers = llama.config().num_hidden_layers;
-    let model = ModelSlice::Cpu(llama);
+    let runner = move |device_sampling: bool| {
+        let cache = SliceCache::Cpu(KvCache::new(layout, layers, 64));
+        StepRunner::new(Rank(0), Epoch(1), cache).with_device_sampling(device_sampling)
+    };
+    (ModelSlice::Cpu(llama), runner)
+}
+
+/// Six steps from step 0: one sequence per `(prompt, sampling)`, prefilled whole, then
+/// five decodes.
+fn six_steps(
+    model: &ModelSlice,
+    runner: &mut StepRunner,
+    seqs: &[(Vec<u32>, Sampling)],
+) -> Vec<StepOutput> {
+    let new: Vec<NewSeq> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, (prompt, sampling))| NewSeq {
+            seq: SeqId(i as u64),
+            request: String::new(),
+            prompt: prompt.clone(),
+            generated: Vec::new(),
+            sampling: sampling.clone(),
+            max_tokens: 6,
+            stop_token_ids: Vec::new(),
+        })
+        .collect();
+    let ids: Vec<SeqId> = new.iter().map(|n| n.seq).collect();
+    let prefill: Vec<PrefillChunk> = new
+        .iter()
+        .map(|n| PrefillChunk {
+            seq: n.seq,
+            tokens: n.prompt.len() as u32,
+        })
+        .collect();
+    (0..6u64)
+        .map(|step| {
+            let first = step == 0;
+            let plan = StepPlan {
+                term: tessera_comm::proto::Term(1),
+                epoch: Epoch(1),
+                step: StepId(step),
+                free: Vec::new(),
+                new: if first { new.clone() } else { Vec::new() },
+                prefill: if first { prefill.clone() } else { Vec::new() },
+                decode: if first { Vec::new() } else { ids.clone() },
+            };
+            runner
+                .step(model, &plan, &mut SliceComm::Host(&mut Solo::default()))
+                .expect("step runs")
+        })
+        .collect()
+}
+
+#[test]
+fn the_device_sampling_switch_leaves_a_cpu_shards_tokens_as_they_were() {
+    let (model, runner) = fixture();
     let sampling = [
         Sampling::default(),
         Sampling {
@@ -107,50 +163,50 @@ fn the_device_sampling_switch_leaves_a_cpu_shards_tokens_as_they_were() {
             ..Sampling::default()
         },
     ];
-    let run = |device_sampling: bool| {
-        let cache = SliceCache::Cpu(KvCache::new(layout, layers, 64));
-        let mut runner =
-            StepRunner::new(Rank(0), Epoch(1), cache).with_device_sampling(device_sampling);
-        let new: Vec<NewSeq> = sampling
-            .iter()
-            .enumerate()
-            .map(|(i, s)| NewSeq {
-                seq: SeqId(i as u64),
-                request: String::new(),
-                prompt: vec![1, 15, 27, 99 + i as u32, 4, 8],
-                generated: Vec::new(),
-                sampling: s.clone(),
-                max_tokens: 6,
-                stop_token_ids: Vec::new(),
-            })
-            .collect();
-        let ids: Vec<SeqId> = new.iter().map(|n| n.seq).collect();
-        let mut outputs = Vec::new();
-        for step in 0..6u64 {
-            let plan = StepPlan {
-                term: tessera_comm::proto::Term(1),
-                epoch: Epoch(1),
-                step: StepId(step),
-                free: Vec::new(),
-                new: if step == 0 { new.clone() } else { Vec::new() },
-                prefill: if step == 0 {
-                    ids.iter()
-                        .map(|&seq| PrefillChunk { seq, tokens: 6 })
-                        .collect()
-                } else {
-                    Vec::new()
-                },
-                decode: if step == 0 { Vec::new() } else { ids.clone() },
-            };
-            let out = runner
-                .step(&model, &plan, &mut SliceComm::Host(&mut Solo::default()))
-                .expect("step runs");
-            outputs.push(out);
-        }
-        outputs
-    };
-    let (before, after) = (run(false), run(true));
+    let seqs: Vec<(Vec<u32>, Sampling)> = sampling
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (vec![1, 15, 27, 99 + i as u32, 4, 8], s))
+        .collect();
+    let before = six_steps(&model, &mut runner(false), &seqs);
+    let after = six_steps(&model, &mut runner(true), &seqs);
     assert_eq!(before, after);
     assert_eq!(before.iter().map(|o| o.tokens.len()).sum::<usize>(), 18);
     assert!(before[1].tokens[1].logprobs.is_some());
+}
+
+#[test]
+fn a_warmed_up_runner_serves_exactly_as_a_new_one() {
+    let (model, runner) = fixture();
+    // A prompt of zeros, as the warmup's: blocks the warmup left in the prefix cache
+    // would be found (`cached`), and a warmup sequence still held would be decoded.
+    let seqs = [
+        (vec![0; 20], Sampling::default()),
+        (
+            vec![3, 1, 4, 1, 5],
+            Sampling {
+                temperature: 0.7,
+                seed: 5,
+                ..Sampling::default()
+            },
+        ),
+    ];
+    let new = six_steps(&model, &mut runner(false), &seqs);
+    let mut warmed = runner(false);
+    let spec = Warmup {
+        prefill_tokens: 40,
+        decode_seqs: 8,
+    };
+    let mut solo = Solo::default();
+    let run = warmed
+        .warm_up(&model, &mut SliceComm::Host(&mut solo), spec, true)
+        .expect("warms up");
+    // A prefill of 40, the 8 prompts, decodes of 8, 4, 2 and 1, the free.
+    assert_eq!(run.steps, 7);
+    assert_eq!((run.prefill_tokens, run.decode_seqs), (40, 8));
+    assert_eq!(run.tokens, 40 + 8 + 8 + 4 + 2 + 1);
+    assert_eq!(warmed.free_blocks(), warmed.num_blocks());
+    assert_eq!(six_steps(&model, &mut warmed, &seqs), new);
+    let again = warmed.warm_up(&model, &mut SliceComm::Host(&mut solo), spec, true);
+    assert!(again.is_err(), "a runner that has stepped cannot warm up");
 }

@@ -1,5 +1,6 @@
 //! Taking an assignment: load the slice (once, kept across epochs), join the epoch's
-//! collective on host memory, and size the KV cache or carry the last epoch's.
+//! collective on host memory, and size the KV cache and warm it up, or carry the last
+//! epoch's.
 //!
 //! An NCCL group joins in steps of its own (`super::nccl`); it ends here too, in
 //! [`finish`], once its communicator exists.
@@ -140,24 +141,28 @@ pub(super) fn load_once(
     Ok(loaded)
 }
 
-/// Sizes the KV cache (or carries the last epoch's and the sequences the assignment
-/// keeps) and says `Ready`.
+/// Sizes the KV cache and warms it up (or carries the last epoch's and the sequences the
+/// assignment keeps) and says `Ready`.
 pub(super) fn finish(
     config: &WorkerConfig,
     slice: Arc<ModelSlice>,
     assignment: Assignment,
     carried: Option<StepRunner>,
-    comm: GroupComm,
+    mut comm: GroupComm,
 ) -> Result<(Active, Ready), ShardError> {
     let epoch = assignment.epoch;
-    let (runner, kept) = match carried {
-        Some(runner) => runner.carry(epoch, &assignment.keep),
+    let (runner, kept, warmup_ms) = match carried {
+        Some(runner) => {
+            let (runner, kept) = runner.carry(epoch, &assignment.keep);
+            (runner, kept, None)
+        }
         None => {
             let budget = usize::try_from(config.kv_memory_bytes).unwrap_or(usize::MAX);
             let cache = slice.new_cache(budget)?;
-            let runner = StepRunner::new(config.rank, epoch, cache)
+            let mut runner = StepRunner::new(config.rank, epoch, cache)
                 .with_device_sampling(config.device_sampling);
-            (runner, Vec::new())
+            let warmup_ms = warm_up(config, &slice, &mut runner, &mut comm, &assignment)?;
+            (runner, Vec::new(), warmup_ms)
         }
     };
     let blocks = runner.num_blocks();
@@ -168,6 +173,7 @@ pub(super) fn finish(
         block_size: runner.block_size() as u32,
         weight_bytes: slice.weight_bytes() as u64,
         kept,
+        warmup_ms,
     };
     Ok((
         Active {
@@ -177,4 +183,39 @@ pub(super) fn finish(
         },
         ready,
     ))
+}
+
+/// Runs the assignment's warmup on a new runner; how long it took, in milliseconds
+/// (`None` when it asks for none).
+fn warm_up(
+    config: &WorkerConfig,
+    slice: &ModelSlice,
+    runner: &mut StepRunner,
+    comm: &mut GroupComm,
+    assignment: &Assignment,
+) -> Result<Option<u64>, ShardError> {
+    if assignment.warmup.is_none() {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    // A GPU captures a decode graph per batch size: each is decoded once.
+    let every_decode_batch = slice.captures_decode_graphs();
+    let run = runner.warm_up(
+        slice,
+        &mut comm.for_step(),
+        assignment.warmup,
+        every_decode_batch,
+    )?;
+    let ms = started.elapsed().as_millis() as u64;
+    info!(
+        epoch = %assignment.epoch,
+        rank = %config.rank,
+        elapsed_ms = ms,
+        steps = run.steps,
+        tokens = run.tokens,
+        prefill_tokens = run.prefill_tokens,
+        decode_seqs = run.decode_seqs,
+        "warmed up"
+    );
+    Ok(Some(ms))
 }

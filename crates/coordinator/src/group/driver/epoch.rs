@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, Epoch, HeldSeq, Ready, ShardMsg, StepId,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, HeldSeq, Ready, ShardMsg, StepId, Warmup,
 };
 use tessera_comm::wire;
 use tessera_topology::Rank;
 use tracing::{debug, info, warn};
 
-use super::{Driver, FromShard, GroupCollective, Link, State};
+use super::{Driver, FromShard, GroupCollective, Link, State, WarmupMode};
 use crate::error::CoordinatorError;
 use crate::group::ShardLink;
 use crate::metrics as m;
@@ -131,6 +131,10 @@ impl Driver {
         let labels = self.labels(rank);
         metrics::gauge!(m::SHARD_WEIGHT_BYTES, &labels).set(ready.weight_bytes as f64);
         metrics::gauge!(m::SHARD_KV_BLOCKS, &labels).set(f64::from(ready.kv_blocks));
+        if let Some(ms) = ready.warmup_ms {
+            info!(group = %self.config.name, rank = %rank, warmup_ms = ms, "rank warmed up");
+            metrics::gauge!(m::SHARD_WARMUP_SECONDS, &labels).set(ms as f64 / 1000.0);
+        }
         self.maybe_serve();
     }
 
@@ -165,6 +169,7 @@ impl Driver {
             bootstrap,
             collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
             keep: keep.iter().map(|h| h.seq).collect(),
+            warmup: self.warmup(),
         };
         info!(group = %self.config.name, %epoch, keep = keep.len(), "assigning");
         self.state = State::Assigning {
@@ -175,6 +180,29 @@ impl Driver {
         };
         if let Err(rank) = self.broadcast(&CoordinatorMsg::Assign(assignment)).await {
             self.fence(rank, format!("rank {rank} could not be assigned"));
+        }
+    }
+
+    /// What ranks run on a new KV cache before `Ready`: the largest steps this group's
+    /// scheduler plans.
+    fn warmup(&self) -> Warmup {
+        let on_gpu = self
+            .status
+            .shards
+            .iter()
+            .any(|s| s.device.as_deref().is_some_and(|d| d.starts_with("cuda")));
+        let warm = match self.config.limits.warmup {
+            WarmupMode::Auto => on_gpu,
+            WarmupMode::On => true,
+            WarmupMode::Off => false,
+        };
+        if !warm {
+            return Warmup::NONE;
+        }
+        let sched = &self.config.scheduler;
+        Warmup {
+            prefill_tokens: u32::try_from(sched.step_tokens).unwrap_or(u32::MAX),
+            decode_seqs: u32::try_from(sched.max_running).unwrap_or(u32::MAX),
         }
     }
 
@@ -198,6 +226,7 @@ impl Driver {
         self.last_done = vec![StepId(0); self.config.tp];
         self.state = State::Serving { epoch };
         self.shared.ready.store(true, Ordering::Relaxed);
+        self.shared.warmed.store(true, Ordering::Relaxed);
         info!(group = %self.config.name, %epoch, kv_blocks, "group serving");
         for a in adopted {
             self.run_on(a);
