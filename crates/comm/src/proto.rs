@@ -118,6 +118,28 @@ pub enum ShardMsg {
         epoch: Epoch,
         id: Vec<u8>,
     },
+    /// What the shard process uses, every few seconds, for the coordinator's metrics.
+    Stats(ShardStats),
+}
+
+/// A shard process's use of its host and device, sampled when sent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardStats {
+    /// Resident memory of the process.
+    pub rss_bytes: u64,
+    /// The process's GPU, as NVML sees it; `None` on a CPU shard or without NVML.
+    pub gpu: Option<GpuStats>,
+}
+
+/// One GPU, through NVML (whole-device figures: every process on it counts).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuStats {
+    /// The share of the last sample period in which a kernel ran, 0 to 1.
+    pub utilization: f32,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    pub temperature_celsius: f32,
+    pub power_watts: f32,
 }
 
 /// The first message of a shard connection. The coordinator checks it against the
@@ -229,6 +251,8 @@ pub struct StepTimings {
     pub collective_us: u64,
     /// Waiting for this plan after the previous step finished (the "bubble").
     pub idle_us: u64,
+    /// Payload bytes this rank sent into collective calls.
+    pub collective_bytes: u64,
 }
 
 /// Coordinator → shard.

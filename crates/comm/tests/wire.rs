@@ -7,9 +7,9 @@ use rand::{Rng as _, SeedableRng as _};
 use tessera_comm::CommError;
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, Epoch, ErrorClass, FinishReason, HeldSeq, NewSeq,
-    PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg, StepDone,
-    StepId, StepPlan, StepTimings, Term, TokenLogprobs, Warmup, WireError,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, ErrorClass, FinishReason, GpuStats, HeldSeq,
+    NewSeq, PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg,
+    ShardStats, StepDone, StepId, StepPlan, StepTimings, Term, TokenLogprobs, Warmup, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -79,6 +79,7 @@ fn shard_msgs() -> Vec<ShardMsg> {
                 step_us: 1500,
                 collective_us: 300,
                 idle_us: 20,
+                collective_bytes: 4096,
             },
         }),
         ShardMsg::Failed {
@@ -93,6 +94,20 @@ fn shard_msgs() -> Vec<ShardMsg> {
             epoch: Epoch(3),
             id: (0..128).collect(),
         },
+        ShardMsg::Stats(ShardStats {
+            rss_bytes: 3 << 30,
+            gpu: Some(GpuStats {
+                utilization: 0.75,
+                memory_used_bytes: 70 << 30,
+                memory_total_bytes: 80 << 30,
+                temperature_celsius: 61.0,
+                power_watts: 512.5,
+            }),
+        }),
+        ShardMsg::Stats(ShardStats {
+            rss_bytes: 1,
+            gpu: None,
+        }),
     ]
 }
 

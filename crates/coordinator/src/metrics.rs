@@ -20,6 +20,21 @@ pub const SHARD_WARMUP_SECONDS: &str = "tessera_shard_warmup_seconds";
 pub const SHARD_STEP_SECONDS: &str = "tessera_shard_step_duration_seconds";
 /// Time inside collective calls during one step (histogram).
 pub const SHARD_COLLECTIVE_SECONDS: &str = "tessera_shard_collective_seconds";
+/// Payload bytes a rank sent into collective calls (counter).
+pub const SHARD_COLLECTIVE_BYTES: &str = "tessera_shard_collective_bytes_total";
+/// Resident memory of a shard process (gauge; sent every 5 s).
+pub const SHARD_RESIDENT_BYTES: &str = "tessera_shard_resident_memory_bytes";
+/// A shard's GPU through NVML, whole-device figures (gauges; absent without NVML):
+/// the share of time a kernel ran, 0 to 1,
+pub const GPU_UTILIZATION: &str = "tessera_gpu_utilization_ratio";
+/// device memory in use (every process on the GPU counts),
+pub const GPU_MEMORY_USED: &str = "tessera_gpu_memory_used_bytes";
+/// device memory in all,
+pub const GPU_MEMORY_TOTAL: &str = "tessera_gpu_memory_total_bytes";
+/// the GPU's temperature,
+pub const GPU_TEMPERATURE: &str = "tessera_gpu_temperature_celsius";
+/// and its power draw.
+pub const GPU_POWER: &str = "tessera_gpu_power_watts";
 /// Time a rank waited for its next plan after finishing a step: the bubble (histogram).
 pub const SHARD_IDLE_SECONDS: &str = "tessera_shard_idle_seconds";
 /// Epochs ended by a failure (counter).

@@ -9,6 +9,7 @@
 //!   pass per step, rank 0's sampling shared through the collective.
 //! - [`blocks`]: the KV block allocator — reference counts, free list, prefix cache with
 //!   LRU eviction (a pure core).
+//! - [`stats`]: the process's memory and (through NVML) its GPU, sent every few seconds.
 //!
 //! Feature `cuda` (on by default): shards on `cuda:N` devices and NCCL groups. Without it
 //! the shard refuses a `cuda:N` device at start.
@@ -22,6 +23,7 @@ pub mod blocks;
 pub mod control;
 mod error;
 pub mod runner;
+pub mod stats;
 pub mod worker;
 
 pub use error::ShardError;

@@ -15,6 +15,7 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_model::ModelConfig;
 use tessera_shard::control::{self, ControlConfig};
+use tessera_shard::stats::{self, StatsSampler};
 use tessera_shard::worker::{self, WorkerConfig};
 use tessera_topology::{Device, Rank, Topology, plan_group};
 use tracing::info;
@@ -126,8 +127,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
     )?;
     info!(group = %group.name, rank = %rank, tp = group.tp, model = %model.name, "starting");
 
+    #[cfg(feature = "cuda")]
+    let sampler = device
+        .as_deref()
+        .map_or_else(StatsSampler::cpu, StatsSampler::cuda);
+    #[cfg(not(feature = "cuda"))]
+    let sampler = StatsSampler::cpu();
     let (command_tx, command_rx) = mpsc::channel();
     let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
+    let stats_tx = event_tx.clone();
     let worker_config = WorkerConfig {
         rank,
         tp: group.tp,
@@ -166,6 +174,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .context("installing the SIGTERM handler")?;
+        tokio::spawn(stats::report(sampler, stats_tx));
         tokio::select! {
             result = control::run(control, command_tx, event_rx) => Ok(result?),
             _ = terminate.recv() => { info!("SIGTERM: exiting"); Ok(()) }

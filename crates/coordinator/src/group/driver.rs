@@ -182,6 +182,10 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
     ] {
         metrics::counter!(counter, &group).increment(0);
     }
+    for rank in 0..config.tp {
+        let labels = [("group", config.name.clone()), ("rank", rank.to_string())];
+        metrics::counter!(m::SHARD_COLLECTIVE_BYTES, &labels).increment(0);
+    }
     let (commands, command_rx) = mpsc::channel(super::COMMAND_BUFFER);
     let status = GroupStatus {
         name: config.name.clone(),
@@ -332,6 +336,7 @@ impl Driver {
             ShardMsg::Ready(ready) => self.on_ready(event.rank, ready),
             ShardMsg::NcclId { epoch, id } => self.relay_nccl_id(event.rank, epoch, id).await,
             ShardMsg::StepDone(done) => self.on_step_done(event.rank, done),
+            ShardMsg::Stats(stats) => self.on_stats(event.rank, &stats),
             ShardMsg::Failed { epoch, error } => {
                 if self.current_epoch() == Some(epoch) {
                     let blamed = error.rank.unwrap_or(event.rank);

@@ -145,6 +145,17 @@ impl CudaDevice {
             .then(|| 2.0 * f64::from(clock_khz) * 1e3 * f64::from(bus_bits) / 8.0)
     }
 
+    /// The device's PCI address, `domain:bus:device.0` in hex (as NVML names devices,
+    /// whatever `CUDA_VISIBLE_DEVICES` renumbers); `None` where the driver reports none.
+    pub fn pci_bus_id(&self) -> Option<String> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let get = |a| self.ctx.attribute(a).ok();
+        let domain = get(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+        let bus = get(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+        let device = get(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+        Some(format!("{domain:08x}:{bus:02x}:{device:02x}.0"))
+    }
+
     /// Kernel `entry` of one of the families.
     pub fn function(&self, entry: &str) -> Option<&CudaFunction> {
         self.functions.get(entry)

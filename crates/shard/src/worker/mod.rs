@@ -283,7 +283,7 @@ impl Worker {
             std::thread::sleep(self.config.step_delay);
         }
         let started = Instant::now();
-        let collective_before = current.comm.stats().time;
+        let collective_before = current.comm.stats();
         let span = debug_span!(
             "step",
             epoch = %plan.epoch,
@@ -313,10 +313,12 @@ impl Worker {
                 return;
             }
         };
+        let collective = current.comm.stats();
         let timings = StepTimings {
             step_us: micros(done - started),
-            collective_us: micros(current.comm.stats().time - collective_before),
+            collective_us: micros(collective.time - collective_before.time),
             idle_us: micros(idle),
+            collective_bytes: collective.bytes - collective_before.bytes,
         };
         let (tokens, cached) = if self.config.rank == Rank(0) {
             (out.tokens, out.cached)

@@ -98,6 +98,8 @@ impl Driver {
         metrics::histogram!(m::SHARD_COLLECTIVE_SECONDS, &labels)
             .record(seconds(done.timings.collective_us));
         metrics::histogram!(m::SHARD_IDLE_SECONDS, &labels).record(seconds(done.timings.idle_us));
+        metrics::counter!(m::SHARD_COLLECTIVE_BYTES, &labels)
+            .increment(done.timings.collective_bytes);
         self.status.shards[r].kv_blocks_free = done.free_blocks;
         let t = &mut self.totals[r];
         t.steps += 1;

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tessera_comm::proto::ShardStats;
 use tessera_topology::Rank;
 use tracing::info;
 
@@ -43,6 +44,20 @@ impl Rate {
 }
 
 impl Driver {
+    /// A shard process's memory and GPU, as gauges labelled with its group and rank.
+    pub(super) fn on_stats(&self, rank: Rank, stats: &ShardStats) {
+        let labels = self.labels(rank);
+        metrics::gauge!(m::SHARD_RESIDENT_BYTES, &labels).set(stats.rss_bytes as f64);
+        let Some(gpu) = &stats.gpu else {
+            return;
+        };
+        metrics::gauge!(m::GPU_UTILIZATION, &labels).set(f64::from(gpu.utilization));
+        metrics::gauge!(m::GPU_MEMORY_USED, &labels).set(gpu.memory_used_bytes as f64);
+        metrics::gauge!(m::GPU_MEMORY_TOTAL, &labels).set(gpu.memory_total_bytes as f64);
+        metrics::gauge!(m::GPU_TEMPERATURE, &labels).set(f64::from(gpu.temperature_celsius));
+        metrics::gauge!(m::GPU_POWER, &labels).set(f64::from(gpu.power_watts));
+    }
+
     pub(super) fn labels(&self, rank: Rank) -> [(&'static str, String); 2] {
         [
             ("group", self.config.name.clone()),
