@@ -18,7 +18,7 @@ const GEMV_TOLERANCE: f32 = 1e-4;
 
 /// Llama-3.2-1B's projections at tp = 1 (hidden 2,048, 32 query heads and 8 KV heads of
 /// 64, inter 8,192), rows × cols: q|k|v stacked, o, gate|up stacked, down, and 4,099 rows
-/// of the LM head (its 128,256 would make a slow test; 4,099 is not a multiple of the 8
+/// of the LM head (its 128,256 would make a slow test; 4,099 is not a multiple of the 2
 /// rows of a block); then 1,001 × 577, which takes the 2-byte path (577 columns are not
 /// whole 16-byte loads).
 const SHAPES: [(&str, usize, usize); 6] = [

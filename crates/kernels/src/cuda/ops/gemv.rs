@@ -14,8 +14,8 @@ use crate::cuda::CudaError;
 pub const GEMV_MAX_TOKENS: usize = 8;
 /// Threads per block (`GEMV_WARPS` warps in `gemv.cu`, and its `__launch_bounds__`).
 pub const GEMV_THREADS: u32 = 128;
-/// Rows per block: `GEMV_WARPS` warps of `GEMV_ROWS` rows each in `gemv.cu`.
-pub const GEMV_ROWS_PER_BLOCK: usize = 8;
+/// Rows per block (`GEMV_ROWS` in `gemv.cu`; its `GEMV_WARPS` warps split their columns).
+pub const GEMV_ROWS_PER_BLOCK: usize = 2;
 
 /// The entry for each token count, from 1.
 const GEMV_ENTRIES: [&str; GEMV_MAX_TOKENS] = [
@@ -98,7 +98,7 @@ mod tests {
             let launch =
                 gemv_launch((rows * cols, tokens * cols, tokens * rows), (rows, cols)).unwrap();
             assert_eq!(launch.entry, format!("gemv_bf16_t{tokens}"));
-            assert_eq!(launch.blocks, 126, "1001 rows in blocks of 8");
+            assert_eq!(launch.blocks, 501, "1001 rows in blocks of 2");
             assert_eq!((launch.rows, launch.cols), (1001, 577));
             assert!(crate::cuda::source::family_of(launch.entry).is_some());
         }
