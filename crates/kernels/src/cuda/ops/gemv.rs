@@ -17,8 +17,8 @@ pub const GEMV_THREADS: u32 = 128;
 /// Rows per block (`GEMV_ROWS` in `gemv.cu`; its `GEMV_WARPS` warps split their columns).
 pub const GEMV_ROWS_PER_BLOCK: usize = 2;
 
-/// The entry for each token count, from 1.
-const GEMV_ENTRIES: [&str; GEMV_MAX_TOKENS] = [
+/// The entry for each token count, from 1 (the family's entries in `source`).
+pub(crate) const GEMV_ENTRIES: [&str; GEMV_MAX_TOKENS] = [
     "gemv_bf16_t1",
     "gemv_bf16_t2",
     "gemv_bf16_t3",
