@@ -50,6 +50,9 @@ __device__ __forceinline__ void gemv_bf16(
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int warp = threadIdx.x >> 5;
     const unsigned int first = blockIdx.x * GEMV_ROWS;
+    if (first >= rows) {
+        return; // the whole block (a launch over no rows has one block)
+    }
     // A block's last rows past the matrix read its last row again, and are not written.
     const bf16_t* row[GEMV_ROWS];
 #pragma unroll

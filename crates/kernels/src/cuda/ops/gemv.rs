@@ -71,6 +71,7 @@ impl Ops<'_> {
     ) -> Result<(), CudaError> {
         let launch = gemv_launch((w.len(), xs.len(), ys.len()), shape)?;
         let config = LaunchConfig {
+            // A projection of no rows still launches (one block, which returns at once).
             grid_dim: (launch.blocks.max(1), 1, 1),
             block_dim: (GEMV_THREADS, 1, 1),
             shared_mem_bytes: 0,
@@ -102,6 +103,9 @@ mod tests {
             assert_eq!((launch.rows, launch.cols), (1001, 577));
             assert!(crate::cuda::source::family_of(launch.entry).is_some());
         }
+        // No rows: no block to cover them (the launch still runs one, which returns).
+        let none = gemv_launch((0, 2 * 64, 0), (0, 64)).unwrap();
+        assert_eq!((none.entry, none.blocks), ("gemv_bf16_t2", 0));
     }
 
     #[test]
