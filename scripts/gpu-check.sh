@@ -12,7 +12,8 @@
 # the host (TESSERA_DEVICE_SAMPLING=0, the default until this check has passed on a GPU);
 # decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
 # sampling on the host and on the device, with the fraction of the card's memory bandwidth
-# (crates/model/benches/cuda_decode.rs).
+# (crates/model/benches/cuda_decode.rs); the bf16 GEMV's and cuBLAS's GB/s per projection
+# next to a device copy's (crates/kernels/benches/cuda_gemv.rs).
 # The kernel tests check both paged-attention kernels; the model, cluster and decode checks
 # run once per kernel of TESSERA_ATTENTION:
 #   | TESSERA_ATTENTION | kernel                                              | default |
@@ -27,6 +28,16 @@
 #   |               | at decode): 8 a layer unsplit                                |         |
 # (0 stays the default until 1 has passed here; the model test also compares the two
 # paths directly, crates/model/tests/cuda_model/fused.rs).
+# The small batches' bf16 projections, TESSERA_GEMV (crates/kernels/cuda/gemv.cu):
+#   | TESSERA_GEMV | bf16 projections of batches of at most 8 tokens           | default |
+#   | 0            | cuBLAS GEMMs                                              | yes     |
+#   | 1            | the bf16 GEMV, one launch per GEMM it replaces            | no      |
+# (0 stays the default until 1 has passed here.) To stay within the device time, it is not
+# another dimension of the loop: the kernel test compares the GEMV with its twin and
+# cuBLAS, its micro-benchmark reports GB/s per projection against a device copy's, every
+# run of the model test compares it with cuBLAS in the whole model
+# (crates/model/tests/cuda_model/gemv.rs) and every decode bench times batches 1 and 8
+# both ways; the model test runs once more with TESSERA_GEMV=1 (fused, grouped).
 # Usage: scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -66,6 +77,8 @@ run() {
 }
 echo "== each kernel against its CPU twin"
 run kernels-gpu test --release --offline -p tessera-kernels --features cuda --test gpu -- --test-threads=1 --nocapture
+echo "== the bf16 GEMV against cuBLAS: GB/s per projection, next to a device copy's"
+run cuda-gemv bench --offline -p tessera-kernels --features cuda --bench cuda_gemv --
 echo "== a one-rank NCCL group"
 run nccl-gpu test --release --offline -p tessera-comm --features nccl --test nccl_gpu -- --nocapture
 if [[ -d .gpu/bin ]]; then
@@ -89,4 +102,7 @@ for fused in 0 1; do
         run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
     done
 done
+echo "== TESSERA_GEMV=1 (not the default), TESSERA_FUSED=1, TESSERA_ATTENTION=grouped: the model on cuda:0 against the CPU"
+TESSERA_GEMV=1 TESSERA_FUSED=1 TESSERA_ATTENTION=grouped \
+    run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
 unset TESSERA_ATTENTION TESSERA_FUSED

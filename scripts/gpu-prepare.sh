@@ -3,7 +3,8 @@
 # Rust toolchain and no network, stripped, in .gpu/ (ignored by git; carry it along with
 # the working tree): the release test binaries of the CUDA kernels, of the model on the
 # device, of a one-rank NCCL group and of a cluster with a cuda shard (with the
-# coordinator and shard binaries it starts), and the decode-throughput benchmark.
+# coordinator and shard binaries it starts), the decode-throughput benchmark and the
+# GEMV-against-cuBLAS micro-benchmark.
 # The device machine takes at most 64 MiB of files along: the sizes are listed at the end.
 # Usage: scripts/gpu-prepare.sh
 set -euo pipefail
@@ -28,11 +29,12 @@ cp "$(build tessera-kernels cuda gpu)" .gpu/kernels-gpu
 cp "$(build tessera-comm nccl nccl_gpu)" .gpu/nccl-gpu
 cp "$(build tessera-model cuda cuda_model)" .gpu/model-gpu
 cp "$(build tessera-model cuda cuda_decode bench)" .gpu/cuda-decode
+cp "$(build tessera-kernels cuda cuda_gemv bench)" .gpu/cuda-gemv
 cp "$(build tessera-tests "" cuda_cluster)" .gpu/cluster-gpu
 # The binaries the cluster test starts.
 cargo build --release --locked -p tessera-coordinator -p tessera-shard
 mkdir -p .gpu/bin
 cp target/release/tessera-coordinator target/release/tessera-shard .gpu/bin/
-strip .gpu/kernels-gpu .gpu/nccl-gpu .gpu/model-gpu .gpu/cuda-decode .gpu/cluster-gpu .gpu/bin/*
+strip .gpu/kernels-gpu .gpu/nccl-gpu .gpu/model-gpu .gpu/cuda-decode .gpu/cuda-gemv .gpu/cluster-gpu .gpu/bin/*
 ls -la .gpu/ .gpu/bin/
 du -sh .gpu

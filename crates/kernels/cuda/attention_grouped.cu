@@ -47,18 +47,6 @@ __device__ __forceinline__ unsigned int grouped_part_len(
     return max((unsigned int)GROUPED_MIN_PART, (even + 15u) & ~15u);
 }
 
-// The 8 bf16 of `w` as floats (element 2i is the low half of word i).
-__device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
-    f[0] = __uint_as_float(w.x << 16);
-    f[1] = __uint_as_float(w.x & 0xffff0000u);
-    f[2] = __uint_as_float(w.y << 16);
-    f[3] = __uint_as_float(w.y & 0xffff0000u);
-    f[4] = __uint_as_float(w.z << 16);
-    f[5] = __uint_as_float(w.z & 0xffff0000u);
-    f[6] = __uint_as_float(w.w << 16);
-    f[7] = __uint_as_float(w.w & 0xffff0000u);
-}
-
 // The append mode's inputs, as `append_fresh` and `grouped_attention` take them (null
 // `qkv`: not in append mode).
 #define APPEND_PARAMS                                                                       \

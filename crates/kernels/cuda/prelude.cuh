@@ -26,6 +26,18 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// The 8 bf16 of `w` as floats (16-byte loads of bf16 rows; element 2i is the low half of word i).
+__device__ __forceinline__ void unpack_bf16x8(uint4 w, float* f) {
+    f[0] = __uint_as_float(w.x << 16);
+    f[1] = __uint_as_float(w.x & 0xffff0000u);
+    f[2] = __uint_as_float(w.y << 16);
+    f[3] = __uint_as_float(w.y & 0xffff0000u);
+    f[4] = __uint_as_float(w.z << 16);
+    f[5] = __uint_as_float(w.z & 0xffff0000u);
+    f[6] = __uint_as_float(w.w << 16);
+    f[7] = __uint_as_float(w.w & 0xffff0000u);
+}
+
 // IEEE half to float, subnormals included (no cuda_fp16.h needed).
 __device__ __forceinline__ float f16_to_f32(f16_t h) {
     unsigned int sign = ((unsigned int)h & 0x8000u) << 16;

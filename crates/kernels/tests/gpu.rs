@@ -21,6 +21,7 @@ use tessera_kernels::quant::{dequantize_row, quantize_row_q8_0};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
 mod fused_case;
+mod gemv_case;
 mod paged_case;
 use paged_case::{GROUPED_TOLERANCE, PagedCase};
 

@@ -15,7 +15,9 @@
 //! `TESSERA_PEAK_BANDWIDTH_GBS` overrides the card's peak; `TESSERA_BENCH_TEMPERATURE`,
 //! default 0 (greedy), samples at that temperature with top-p 0.95, seeded;
 //! `TESSERA_ATTENTION` picks the attention kernel and `TESSERA_FUSED` the layers' launch
-//! sequence, both named in the report).
+//! sequence, both named in the report). Batches of at most 8 run twice, their bf16
+//! projections on cuBLAS and on the GEMV (`TESSERA_GEMV=0` and `1`, the `gemm` column),
+//! so that every run of this bench compares the two.
 
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
@@ -32,7 +34,7 @@ use tessera_model::ModelConfig;
 use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
 use tessera_model::error::ModelError;
 use tessera_model::kv_cache::SeqChunk;
-use tessera_model::launch_plan::KernelPath;
+use tessera_model::launch_plan::{GEMV_MAX_TOKENS, Gemm, KernelPath};
 use tessera_model::llama::Llama;
 use tessera_model::loader;
 use tessera_model::rows::{RowOutput, RowRequest};
@@ -271,7 +273,7 @@ fn decode(
 
 fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params: &SamplingParams) {
     let (peak, source) = peak_bandwidth(device);
-    let model = CudaLlama::upload(llama, Arc::clone(device)).unwrap();
+    let mut model = CudaLlama::upload(llama, Arc::clone(device)).unwrap();
     println!(
         "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source})",
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
@@ -296,19 +298,43 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             ", not the default"
         }
     );
+    let gemm = model.gemm();
     println!(
-        "  batch  mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak"
+        "  small batches' projections: {gemm} (TESSERA_GEMV={}{}); batches of at most {GEMV_MAX_TOKENS} run both",
+        gemm.env_value(),
+        if gemm == Gemm::default() {
+            ", the default"
+        } else {
+            ", not the default"
+        }
     );
-    let modes = [false, true].into_iter().flat_map(|graphs| {
-        [false, true].map(|device_sampling| Mode {
-            graphs,
-            device_sampling,
+    println!(
+        "  batch  gemm    mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak"
+    );
+    let modes: Vec<Mode> = [false, true]
+        .into_iter()
+        .flat_map(|graphs| {
+            [false, true].map(|device_sampling| Mode {
+                graphs,
+                device_sampling,
+            })
         })
-    });
-    for (batch, mode) in BATCHES
-        .iter()
-        .flat_map(|&b| modes.clone().map(move |m| (b, m)))
-    {
+        .collect();
+    let mut runs = Vec::new();
+    for batch in BATCHES {
+        // The GEMV serves only small batches: larger ones run on cuBLAS whatever it says.
+        let gemms: &[Gemm] = if batch <= GEMV_MAX_TOKENS {
+            &Gemm::ALL
+        } else {
+            &[Gemm::Cublas]
+        };
+        for &gemm in gemms {
+            runs.extend(modes.iter().map(|&mode| (batch, gemm, mode)));
+        }
+    }
+    for (batch, gemm, mode) in runs {
+        // Before the cache: its graphs keep the kernels they were captured with.
+        model = model.with_gemm(gemm);
         let (mut kv, tables) = prefilled(&model, batch, steps, mode);
         let timed = decode(&model, &mut kv, &tables, steps, mode, params);
         let per_step = timed.step.as_secs_f64();
@@ -320,7 +346,7 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             kernels => format!("{} ({kernels} in graph)", kv.last_launches()),
         };
         println!(
-            "  {batch:>5}  {:<6}  {:<8}  {:>7.3}  {:>12.1}  {:>8.0}  {launches:>13}  {:>11}  {:>4.0}  {:>6.1}%",
+            "  {batch:>5}  {gemm:<6}  {:<6}  {:<8}  {:>7.3}  {:>12.1}  {:>8.0}  {launches:>13}  {:>11}  {:>4.0}  {:>6.1}%",
             if mode.graphs { "graph" } else { "eager" },
             if mode.device_sampling {
                 "device"

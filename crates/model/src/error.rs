@@ -77,6 +77,11 @@ pub enum ModelError {
     )]
     UnknownKernelPath { name: String },
     #[error(
+        "projection kernel `{name}` is unknown: TESSERA_GEMV takes 0 (cuBLAS GEMMs, the \
+         default) or 1 (the bf16 GEMV for batches of at most 8 tokens)"
+    )]
+    UnknownGemm { name: String },
+    #[error(
         "layer launch {launch} made {actual} kernel launches where the launch plan says \
          {expected}"
     )]

@@ -15,6 +15,10 @@
 //!   attention kernel, `rope_kv_write`'s work moves into the attention launch itself (its
 //!   append mode), so a layer is 8 launches (Llama and Qwen2 alike) when the attention
 //!   runs unsplit, 9 when it splits along the context (its reduce).
+//!
+//! On either path a bf16 projection is one launch of the kernel [`Gemm`] names: cuBLAS,
+//! or with `TESSERA_GEMV=1` and a batch of at most [`GEMV_MAX_TOKENS`] tokens the GEMV of
+//! `gemv.cu` — one launch for one, so the counts do not change.
 
 /// Which launch sequence a layer runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,15 +43,80 @@ impl KernelPath {
 
     /// The path a `TESSERA_FUSED` value names; unset or empty is the default.
     pub fn from_env_value(value: Option<&str>) -> Result<KernelPath, crate::error::ModelError> {
-        match value {
-            None | Some("") => Ok(KernelPath::default()),
-            Some(v) => KernelPath::ALL
-                .into_iter()
-                .find(|p| p.env_value() == v)
-                .ok_or_else(|| crate::error::ModelError::UnknownKernelPath {
-                    name: v.to_string(),
-                }),
+        switch_value(&KernelPath::ALL, KernelPath::env_value, value)
+            .map_err(|name| crate::error::ModelError::UnknownKernelPath { name })
+    }
+}
+
+/// The choice among `all` whose `env_value` is `value` (a switch read from the
+/// environment once, at upload); unset or empty is the default. Err: the value, which
+/// names none.
+fn switch_value<T: Copy + Default>(
+    all: &[T],
+    env_value: fn(T) -> &'static str,
+    value: Option<&str>,
+) -> Result<T, String> {
+    match value {
+        None | Some("") => Ok(T::default()),
+        Some(v) => all
+            .iter()
+            .copied()
+            .find(|&c| env_value(c) == v)
+            .ok_or_else(|| v.to_string()),
+    }
+}
+
+/// The most tokens the bf16 GEMV serves (`tessera_kernels::cuda::GEMV_MAX_TOKENS`, which
+/// the CUDA model checks it equals): a batch of more is a GEMM.
+pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// Which kernel runs a bf16 projection (a Q8_0 or Q4_K one runs its dequantizing matvec
+/// either way): cuBLAS's GEMM, or for a batch of at most [`GEMV_MAX_TOKENS`] tokens the
+/// GEMV of `gemv.cu`, which reads each weight byte once for the whole batch. Chosen by
+/// `TESSERA_GEMV`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Gemm {
+    /// `cublasGemmEx` (`TESSERA_GEMV=0` or unset): the default until the GEMV has run on
+    /// a GPU.
+    #[default]
+    Cublas,
+    /// `gemv_bf16_t{tokens}` (`TESSERA_GEMV=1`); not run on a GPU yet.
+    Gemv,
+}
+
+impl Gemm {
+    pub const ALL: [Gemm; 2] = [Gemm::Cublas, Gemm::Gemv];
+
+    /// What `TESSERA_GEMV` says for this choice: `0` or `1`.
+    pub fn env_value(self) -> &'static str {
+        match self {
+            Gemm::Cublas => "0",
+            Gemm::Gemv => "1",
         }
+    }
+
+    /// The choice a `TESSERA_GEMV` value names; unset or empty is the default.
+    pub fn from_env_value(value: Option<&str>) -> Result<Gemm, crate::error::ModelError> {
+        switch_value(&Gemm::ALL, Gemm::env_value, value)
+            .map_err(|name| crate::error::ModelError::UnknownGemm { name })
+    }
+
+    /// The kernel that runs a pass of `tokens` tokens under this choice: the GEMV serves
+    /// only batches of 1 to [`GEMV_MAX_TOKENS`].
+    pub fn for_tokens(self, tokens: usize) -> Gemm {
+        match self {
+            Gemm::Gemv if (1..=GEMV_MAX_TOKENS).contains(&tokens) => Gemm::Gemv,
+            _ => Gemm::Cublas,
+        }
+    }
+}
+
+impl std::fmt::Display for Gemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Gemm::Cublas => "cublas",
+            Gemm::Gemv => "gemv",
+        })
     }
 }
 
@@ -103,8 +172,9 @@ pub enum Launch {
     NormBf16 { norm: Norm, f32_out: bool },
     /// `round_bf16`.
     RoundBf16(Rounded),
-    /// A GEMM (cuBLAS, bf16 weights) or a dequantizing matvec (Q8_0, Q4_K weights).
-    Project(Proj),
+    /// A projection: bf16 weights through the kernel [`Gemm`] names (cuBLAS, or the GEMV
+    /// of a small batch), Q8_0 and Q4_K weights through a dequantizing matvec.
+    Project(Proj, Gemm),
     /// `add_bias_f32` on a projection's output.
     AddBias(Proj),
     /// `rope_f32` on q and k.
@@ -146,7 +216,8 @@ impl Launch {
             Launch::Norm(_) => "rmsnorm_residual_f32",
             Launch::NormBf16 { .. } => "rmsnorm_residual_bf16",
             Launch::RoundBf16(_) => "round_bf16",
-            Launch::Project(_) => "projection",
+            Launch::Project(_, Gemm::Cublas) => "projection (cuBLAS GEMM)",
+            Launch::Project(_, Gemm::Gemv) => "projection (bf16 GEMV)",
             Launch::AddBias(_) => "add_bias_f32",
             Launch::Rope => "rope_f32",
             Launch::KvWrite => "kv_write_bf16",
@@ -190,6 +261,8 @@ pub struct LayerShape {
     pub tensor_parallel: bool,
     /// Every query is the one new token of its sequence (a decode step).
     pub decode: bool,
+    /// The kernel of the bf16 projections of this pass ([`Gemm::for_tokens`]).
+    pub gemm: Gemm,
 }
 
 impl Biases {
@@ -216,7 +289,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
             norm: Norm::Attention,
             f32_out: shape.f32_hidden,
         });
-        plan.push(Launch::Project(Proj::Qkv));
+        plan.push(Launch::Project(Proj::Qkv, shape.gemm));
         if !append {
             plan.push(Launch::RopeKvWrite { bias: b.qkv() });
         }
@@ -224,7 +297,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         plan.push(Launch::Norm(Norm::Attention));
         plan.push(Launch::RoundBf16(Rounded::Hidden));
         for (p, on) in [(Proj::Q, b.q), (Proj::K, b.k), (Proj::V, b.v)] {
-            plan.push(Launch::Project(p));
+            plan.push(Launch::Project(p, shape.gemm));
             bias(&mut plan, on, p);
         }
         plan.push(Launch::Rope);
@@ -240,7 +313,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
     if !bf16_out {
         plan.push(Launch::RoundBf16(Rounded::Attention));
     }
-    plan.push(Launch::Project(Proj::O));
+    plan.push(Launch::Project(Proj::O, shape.gemm));
     bias(&mut plan, b.o, Proj::O);
     if shape.tensor_parallel {
         plan.push(Launch::AllReduce);
@@ -255,7 +328,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         plan.push(Launch::Norm(Norm::Mlp));
         plan.push(Launch::RoundBf16(Rounded::Hidden));
     }
-    plan.push(Launch::Project(Proj::GateUp));
+    plan.push(Launch::Project(Proj::GateUp, shape.gemm));
     bias(&mut plan, b.gate_up, Proj::GateUp);
     if fused {
         plan.push(Launch::SiluMulBf16 {
@@ -265,7 +338,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         plan.push(Launch::SiluMul);
         plan.push(Launch::RoundBf16(Rounded::Activation));
     }
-    plan.push(Launch::Project(Proj::Down));
+    plan.push(Launch::Project(Proj::Down, shape.gemm));
     bias(&mut plan, b.down, Proj::Down);
     if shape.tensor_parallel {
         plan.push(Launch::AllReduce);
@@ -299,6 +372,7 @@ mod tests {
             attention_split: split || !grouped,
             tensor_parallel: false,
             decode: true,
+            gemm: Gemm::Cublas,
         }
     }
 
@@ -346,7 +420,7 @@ mod tests {
         // Every projection of a fused layer is a GEMM of its own, q|k|v one of them.
         let projections = |plan: &[Launch]| {
             plan.iter()
-                .filter(|l| matches!(l, Launch::Project(_)))
+                .filter(|l| matches!(l, Launch::Project(..)))
                 .count()
         };
         assert_eq!(projections(&plan), 4);
@@ -369,6 +443,61 @@ mod tests {
         assert_eq!(plan.iter().filter(|l| **l == Launch::AllReduce).count(), 2);
         // A collective is not a kernel of `Ops`.
         assert_eq!(kernels_per_layer(&plan), 8);
+    }
+
+    #[test]
+    fn the_gemv_replaces_each_gemm_launch_for_launch() {
+        for path in KernelPath::ALL {
+            for (grouped, split, decoding) in [
+                (false, true, true),
+                (true, false, true),
+                (true, true, false),
+            ] {
+                let mut shape = decode(path, true, grouped, split);
+                shape.decode = decoding;
+                let gemm = layer_launches(&shape);
+                shape.gemm = Gemm::Gemv;
+                let gemv = layer_launches(&shape);
+                assert_eq!(kernels_per_layer(&gemv), kernels_per_layer(&gemm), "{path}");
+                assert_eq!(gemv.len(), gemm.len());
+                for (a, b) in gemm.iter().zip(&gemv) {
+                    match (a, b) {
+                        (Launch::Project(p, Gemm::Cublas), Launch::Project(q, Gemm::Gemv)) => {
+                            assert_eq!(p, q)
+                        }
+                        _ => assert_eq!(a, b, "{path}: only projections change"),
+                    }
+                }
+                assert!(gemv.iter().any(|l| l.name() == "projection (bf16 GEMV)"));
+            }
+        }
+    }
+
+    #[test]
+    fn the_gemv_serves_batches_of_one_to_eight_tokens() {
+        for tokens in 1..=GEMV_MAX_TOKENS {
+            assert_eq!(Gemm::Gemv.for_tokens(tokens), Gemm::Gemv);
+            assert_eq!(Gemm::Cublas.for_tokens(tokens), Gemm::Cublas);
+        }
+        for tokens in [0, GEMV_MAX_TOKENS + 1, 64, 256] {
+            assert_eq!(Gemm::Gemv.for_tokens(tokens), Gemm::Cublas, "{tokens}");
+        }
+    }
+
+    #[test]
+    fn the_gemv_env_value_names_a_choice() {
+        assert_eq!(Gemm::from_env_value(None).unwrap(), Gemm::Cublas);
+        assert_eq!(Gemm::from_env_value(Some("")).unwrap(), Gemm::Cublas);
+        assert_eq!(Gemm::from_env_value(Some("0")).unwrap(), Gemm::Cublas);
+        assert_eq!(Gemm::from_env_value(Some("1")).unwrap(), Gemm::Gemv);
+        let err = Gemm::from_env_value(Some("on")).unwrap_err().to_string();
+        assert!(
+            err.contains("`on`")
+                && err.contains("TESSERA_GEMV")
+                && err.contains("0")
+                && err.contains("1"),
+            "{err}"
+        );
     }
 
     #[test]

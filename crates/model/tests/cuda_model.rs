@@ -556,3 +556,6 @@ mod attention;
 // The fused launch sequence against the legacy one.
 #[path = "cuda_model/fused.rs"]
 mod fused;
+// The bf16 GEMV of small batches against cuBLAS.
+#[path = "cuda_model/gemv.rs"]
+mod gemv;

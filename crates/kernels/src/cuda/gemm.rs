@@ -12,7 +12,7 @@ use cudarc::cublas::{CudaBlas, result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::CudaError;
-use super::ops::{Ops, check};
+use super::ops::{Ops, projection_tokens};
 
 /// Whether libcublas can be loaded.
 pub fn cublas_present() -> bool {
@@ -57,16 +57,7 @@ impl Blas {
         xs: &impl DevicePtr<u16>,
         (rows, cols): (usize, usize),
     ) -> Result<(), CudaError> {
-        check("gemm weight", rows * cols, w.len())?;
-        if cols == 0 || !xs.len().is_multiple_of(cols) {
-            return Err(CudaError::Shape {
-                what: "gemm input (whole rows)",
-                expected: cols,
-                actual: xs.len(),
-            });
-        }
-        let tokens = xs.len() / cols;
-        check("gemm output", tokens * rows, ys.len())?;
+        let tokens = projection_tokens((w.len(), xs.len(), ys.len()), (rows, cols))?;
         let int = |what: &'static str, n: usize| {
             i32::try_from(n).map_err(|_| CudaError::Shape {
                 what,

@@ -10,7 +10,8 @@
 //!   with the entry points each must define.
 //! - [`compile`]: NVRTC → PTX, and the on-disk PTX cache.
 //! - [`device`]: a device opened, its kernels loaded.
-//! - [`gemm`]: bf16 GEMMs through cuBLAS.
+//! - [`gemm`]: bf16 GEMMs through cuBLAS (and `ops::gemv`: the bf16 GEMV of decode
+//!   batches of 1 to 8 tokens, a kernel of its own).
 //! - [`graph`]: CUDA graphs — launches captured once, replayed with one launch.
 //! - [`ops`]: typed launches, each checking its buffers against the shape it is given.
 //!
@@ -31,6 +32,7 @@ pub use cudarc::driver::{
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
+pub use ops::gemv::GEMV_MAX_TOKENS;
 pub use ops::{
     Append, AttentionIndex, AttentionKernel, AttentionTarget, Ops, RopeKv, SampleBuffers, Slots,
 };
@@ -79,6 +81,11 @@ pub enum CudaError {
          or grouped"
     )]
     UnknownAttention { name: String },
+    #[error(
+        "the bf16 GEMV serves 1 to 8 tokens, not {tokens} tokens (larger batches run as \
+         cuBLAS GEMMs, Blas::gemm_bf16)"
+    )]
+    GemvTokens { tokens: usize },
     #[error("not supported on CUDA yet: {what}")]
     Unsupported { what: String },
     #[error("PTX cache {path}: {message}")]

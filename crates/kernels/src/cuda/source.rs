@@ -21,10 +21,13 @@ impl KernelFamily {
 
 macro_rules! family {
     ($file:literal, [$($entry:literal),+ $(,)?]) => {
+        family!($file, &[$($entry),+])
+    };
+    ($file:literal, $entries:expr) => {
         KernelFamily {
             file: $file,
             code: include_str!(concat!("../../cuda/", $file)),
-            entries: &[$($entry),+],
+            entries: $entries,
         }
     };
 }
@@ -68,6 +71,7 @@ pub const FAMILIES: &[KernelFamily] = &[
         ]
     ),
     family!("dequant_matmul.cu", ["matvec_q8_0", "matvec_q4_k"]),
+    family!("gemv.cu", &super::ops::gemv::GEMV_ENTRIES),
     family!("sampling.cu", ["sample_rows"]),
 ];
 

@@ -283,7 +283,8 @@ impl CudaLlama {
             f32: &s.h,
             bf16: &s.h16,
         };
-        self.head().apply(ops, &self.blas, &h, logits)?;
+        let gemm = self.gemm.for_tokens(s.tokens);
+        self.head().apply(ops, (&self.blas, gemm), &h, logits)?;
         Ok(())
     }
 }

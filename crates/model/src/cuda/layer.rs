@@ -60,8 +60,14 @@ impl DeviceLayer {
 }
 
 impl CudaLlama {
-    /// The shape that decides a layer's launches for a pass over `index`.
-    pub(super) fn layer_shape(&self, index: &AttentionIndex, decode: bool, tp: bool) -> LayerShape {
+    /// The shape that decides a layer's launches for a pass of `tokens` tokens over
+    /// `index`.
+    pub(super) fn layer_shape(
+        &self,
+        index: &AttentionIndex,
+        (tokens, decode): (usize, bool),
+        tp: bool,
+    ) -> LayerShape {
         // Every layer has the same projections; a model without layers launches none.
         let first = self.layers.first();
         let has_bias = |p: Proj| {
@@ -89,6 +95,7 @@ impl CudaLlama {
             attention_split: !grouped || index.partitions() > 1,
             tensor_parallel: tp,
             decode,
+            gemm: self.gemm.for_tokens(tokens),
         }
     }
 
@@ -111,7 +118,7 @@ impl CudaLlama {
         let vocab_start = self.sharding.plan.vocab_rows.start as u32;
         ops.embedding(&mut s.x, table, &s.ids, c.hidden_size, vocab_start)?;
         self.all_reduce(ops, &mut s.x, comm)?;
-        let shape = self.layer_shape(batch.index, batch.decode, comm.world_size() > 1);
+        let shape = self.layer_shape(batch.index, (s.tokens, batch.decode), comm.world_size() > 1);
         let plan = layer_launches(&shape);
         let mut batch = PassBatch {
             slots: batch.slots,
@@ -184,9 +191,9 @@ impl CudaLlama {
                 Rounded::Attention => ops.round_bf16(&mut s.attn16, &s.attn)?,
                 Rounded::Activation => ops.round_bf16(&mut s.act16, &s.act)?,
             },
-            Launch::Project(p) => {
+            Launch::Project(p, gemm) => {
                 let (input, out) = io(s, p)?;
-                layer.proj(p)?.apply(ops, &self.blas, &input, out)?;
+                layer.proj(p)?.apply(ops, (&self.blas, gemm), &input, out)?;
             }
             Launch::AddBias(p) => {
                 let bias = layer.proj(p)?.bias().ok_or_else(|| ModelError::Plan {

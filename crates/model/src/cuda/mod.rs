@@ -8,7 +8,8 @@
 //! ([`crate::launch_plan`], the executor in `layer`): the legacy sequence, or with
 //! `TESSERA_FUSED=1` the fused one (q|k|v stacked, norms and SiLU·mul writing bf16, RoPE,
 //! bias and KV write in one kernel or inside the decode attention). Projections run as bf16 GEMMs on cuBLAS
-//! (f32 sums), or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
+//! (f32 sums) — with `TESSERA_GEMV=1`, batches of at most 8 tokens through the bf16 GEMV
+//! kernel instead — or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
 //! residual stream are f32; the KV cache is bf16.
 //!
 //! Between ranks, the pass takes its group's collective as a [`SliceComm`]: an NCCL group
@@ -27,7 +28,7 @@ mod layer;
 mod step;
 mod weights;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use tessera_kernels::attention::KvLayout;
@@ -41,7 +42,7 @@ use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
-use crate::launch_plan::KernelPath;
+use crate::launch_plan::{GEMV_MAX_TOKENS, Gemm, KernelPath};
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
 use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 use crate::slice::SliceComm;
@@ -106,6 +107,9 @@ pub struct CudaLlama {
     attention: AttentionKernel,
     /// The launch sequence of every layer ([`path_from_env`]).
     path: KernelPath,
+    /// The kernel of the bf16 projections of small batches ([`gemm_from_env`]; a batch
+    /// of more than [`GEMV_MAX_TOKENS`] tokens runs on cuBLAS whatever it says).
+    gemm: Gemm,
 }
 
 impl std::fmt::Debug for CudaLlama {
@@ -120,35 +124,53 @@ impl std::fmt::Debug for CudaLlama {
     }
 }
 
-/// The attention kernel `TESSERA_ATTENTION` names: `legacy` (unset or empty: the default,
-/// until the grouped kernel has run on a GPU) or `grouped`. Read once per process; a
-/// value that names neither fails the model's upload, saying what to change.
-fn attention_from_env() -> Result<AttentionKernel, CudaError> {
-    static CHOSEN: std::sync::OnceLock<Result<AttentionKernel, String>> =
-        std::sync::OnceLock::new();
-    CHOSEN
-        .get_or_init(|| match std::env::var("TESSERA_ATTENTION") {
-            Ok(name) if !name.is_empty() => name.parse().map_err(|_| name),
-            _ => Ok(AttentionKernel::default()),
+/// The kernel switch `var` names, read from the environment once per process into
+/// `chosen` and parsed by `parse` (unset is `None`); Err: the value `parse` refused, for
+/// the caller's error, which says what to change. The switches are read at a model's
+/// upload, so a bad value fails it.
+fn switch_from_env<T: Copy, E>(
+    chosen: &'static OnceLock<Result<T, String>>,
+    var: &str,
+    parse: impl FnOnce(Option<&str>) -> Result<T, E>,
+) -> Result<T, String> {
+    chosen
+        .get_or_init(|| {
+            let value = std::env::var(var).ok();
+            parse(value.as_deref()).map_err(|_| value.unwrap_or_default())
         })
         .clone()
-        .map_err(|name| CudaError::UnknownAttention { name })
+}
+
+/// The attention kernel `TESSERA_ATTENTION` names: `legacy` (unset or empty: the default,
+/// until the grouped kernel has run on a GPU) or `grouped`.
+fn attention_from_env() -> Result<AttentionKernel, CudaError> {
+    static CHOSEN: OnceLock<Result<AttentionKernel, String>> = OnceLock::new();
+    switch_from_env(&CHOSEN, "TESSERA_ATTENTION", |value| match value {
+        Some(name) if !name.is_empty() => name.parse(),
+        _ => Ok(AttentionKernel::default()),
+    })
+    .map_err(|name| CudaError::UnknownAttention { name })
 }
 
 /// The launch sequence `TESSERA_FUSED` names: `0` (unset or empty: the default, until the
-/// fused kernels have run on a GPU) or `1`. Read once per process, as
-/// `TESSERA_ATTENTION`; a value that names neither fails the model's upload, saying what
-/// to change.
+/// fused kernels have run on a GPU) or `1`.
 fn path_from_env() -> Result<KernelPath, ModelError> {
-    static CHOSEN: std::sync::OnceLock<Result<KernelPath, String>> = std::sync::OnceLock::new();
-    CHOSEN
-        .get_or_init(|| {
-            let value = std::env::var("TESSERA_FUSED").ok();
-            KernelPath::from_env_value(value.as_deref()).map_err(|_| value.unwrap_or_default())
-        })
-        .clone()
+    static CHOSEN: OnceLock<Result<KernelPath, String>> = OnceLock::new();
+    switch_from_env(&CHOSEN, "TESSERA_FUSED", KernelPath::from_env_value)
         .map_err(|name| ModelError::UnknownKernelPath { name })
 }
+
+/// The kernel of small batches' bf16 projections `TESSERA_GEMV` names: `0` (unset or
+/// empty: cuBLAS, the default until the GEMV has run on a GPU) or `1` (the GEMV for
+/// batches of at most 8 tokens).
+fn gemm_from_env() -> Result<Gemm, ModelError> {
+    static CHOSEN: OnceLock<Result<Gemm, String>> = OnceLock::new();
+    switch_from_env(&CHOSEN, "TESSERA_GEMV", Gemm::from_env_value)
+        .map_err(|name| ModelError::UnknownGemm { name })
+}
+
+// The launch plan decides the GEMV without the kernels' CUDA module; the two agree.
+const _: () = assert!(GEMV_MAX_TOKENS == tessera_kernels::cuda::GEMV_MAX_TOKENS);
 
 /// A weight with no bias, as a projection.
 fn bare(weight: &crate::weights::Weight) -> Linear {
@@ -174,6 +196,7 @@ impl CudaLlama {
         path: KernelPath,
     ) -> Result<CudaLlama, ModelError> {
         let requested = attention_from_env()?;
+        let gemm = gemm_from_env()?;
         let stream = device
             .context()
             .new_stream()
@@ -247,6 +270,7 @@ impl CudaLlama {
         let model = CudaLlama {
             attention,
             path,
+            gemm,
             blas,
             config: c.clone(),
             sharding: llama.sharding.clone(),
@@ -266,6 +290,7 @@ impl CudaLlama {
             rank = %plan.rank,
             attention = %model.attention,
             path = %model.path,
+            gemm = %model.gemm,
             device_bytes = model.device_bytes(),
             "model slice on the device"
         );
@@ -331,6 +356,20 @@ impl CudaLlama {
     /// The launch sequence this model's layers run.
     pub fn path(&self) -> KernelPath {
         self.path
+    }
+
+    /// The kernel of the bf16 projections of batches of at most [`GEMV_MAX_TOKENS`]
+    /// tokens (larger ones always run on cuBLAS).
+    pub fn gemm(&self) -> Gemm {
+        self.gemm
+    }
+
+    /// This model with `gemm` for the bf16 projections of small batches: for tests and
+    /// benchmarks that run both in one process. Call it before making caches: a cache's
+    /// decode graphs keep the kernels they were captured with.
+    pub fn with_gemm(mut self, gemm: Gemm) -> CudaLlama {
+        self.gemm = gemm;
+        self
     }
 
     /// This model with `kernel` for attention where it serves the model's shape, the legacy
@@ -516,7 +555,7 @@ impl CudaLlama {
         };
         head.apply(
             ops,
-            &self.blas,
+            (&self.blas, self.gemm.for_tokens(n)),
             &input,
             &mut step.logits.slice_mut(..n * head.rows),
         )?;

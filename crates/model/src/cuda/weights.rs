@@ -8,6 +8,7 @@ use tessera_kernels::DType;
 use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, DevicePtr, DevicePtrMut, Ops};
 
 use crate::error::ModelError;
+use crate::launch_plan::Gemm;
 use crate::llama::Linear;
 use crate::weights::Weight;
 
@@ -155,16 +156,22 @@ impl DeviceLinear {
         self.bias.as_ref()
     }
 
-    /// `y = W·x` for every token of `x` (one launch; the bias is not added here).
+    /// `y = W·x` for every token of `x` (one launch; the bias is not added here): bf16
+    /// weights through cuBLAS or the GEMV, as `gemm` says (the caller has fitted it to the
+    /// batch, [`Gemm::for_tokens`]).
     pub(crate) fn apply<F: DevicePtr<f32>, B: DevicePtr<u16>>(
         &self,
         ops: &Ops<'_>,
-        blas: &Blas,
+        (blas, gemm): (&Blas, Gemm),
         x: &Input<'_, F, B>,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), CudaError> {
+        let shape = (self.rows, self.cols);
         match &self.matrix {
-            Matrix::Bf16(w) => blas.gemm_bf16(ops, y, w, x.bf16, (self.rows, self.cols)),
+            Matrix::Bf16(w) => match gemm {
+                Gemm::Cublas => blas.gemm_bf16(ops, y, w, x.bf16, shape),
+                Gemm::Gemv => ops.gemv_bf16(y, w, x.bf16, shape),
+            },
             Matrix::Quantized { bytes, dtype } => {
                 ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)
             }

@@ -1,4 +1,5 @@
-//! The grouped paged-attention kernel against the legacy one, in the whole model.
+//! The grouped paged-attention kernel against the legacy one, in the whole model; and the
+//! helpers every in-model comparison of two kernels shares.
 
 use super::*;
 
@@ -67,20 +68,73 @@ pub(super) fn worst_within_a_percent(what: &str, want: &[Vec<f32>], got: &[Vec<f
     worst
 }
 
-#[test]
-fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
-    let Some(dev) = device() else { return };
+/// `body` on each fixture the in-model comparisons run on (f32 Llama with GQA, a Q4_K one
+/// whose matvecs read f32 rows, llama3 RoPE, Mistral, Qwen2 with q/k/v biases and tied
+/// embeddings), loaded; one missing from fixtures/models is skipped, with a line.
+pub(super) fn for_each_fixture(mut body: impl FnMut(&str, &Llama)) {
     let fixtures = [
         "llama-gqa/model.F32.gguf",
+        "llama-kquant/model.Q4_K.gguf",
         "llama3-rope/model.F32.gguf",
         "mistral/model.F32.gguf",
         "qwen2-bias-tied/model.F32.gguf",
     ];
     for fixture in fixtures {
         let path = repo_root().join("fixtures/models").join(fixture);
-        let llama = loader::load_weights(&path).unwrap();
+        if !path.exists() {
+            say(format!("{fixture}: not in fixtures/models, skipped"));
+            continue;
+        }
+        body(fixture, &loader::load_weights(&path).unwrap());
+    }
+}
+
+/// The kernels `model` launches for a prefill of `prompt` into a fresh cache and for one
+/// decode step after it, eagerly.
+pub(super) fn prefill_then_decode_launches(model: &CudaLlama, prompt: &[u32]) -> (u64, u64) {
+    let mut kv = model.new_cache(16 << 20).unwrap();
+    kv.set_graphs(false);
+    let table: Vec<u32> = (0..4).collect();
+    let mut comm = Solo::default();
+    let mut step = |tokens: &[u32], start| {
+        let chunk = SeqChunk {
+            tokens,
+            start,
+            block_table: &table,
+            logits: true,
+        };
+        model
+            .forward_batch(&[chunk], &mut kv, &mut SliceComm::Host(&mut comm))
+            .unwrap();
+        kv.last_launches()
+    };
+    let prefill = step(prompt, 0);
+    (prefill, step(&[prompt.len() as u32 + 1], prompt.len()))
+}
+
+/// `want` and `got` decode the same forced tokens (10 steps) within 1% of the logits'
+/// range, eager and through graphs; `what` names the pair in the report and failures.
+pub(super) fn decode_alike(what: &str, want: &CudaLlama, got: &CudaLlama) {
+    for graphs in [false, true] {
+        let (w, g) = (
+            forced_decode(want, graphs, 10),
+            forced_decode(got, graphs, 10),
+        );
+        let what = format!("{what}, graphs {graphs}");
+        let worst = worst_within_a_percent(&what, &w, &g);
+        say(format!(
+            "{what}: within {worst:.1e} of the logits' range over {} rows",
+            w.len()
+        ));
+    }
+}
+
+#[test]
+fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
+    let Some(dev) = device() else { return };
+    for_each_fixture(|fixture, llama| {
         let upload = |kernel| {
-            CudaLlama::upload(&llama, Arc::clone(&dev))
+            CudaLlama::upload(llama, Arc::clone(&dev))
                 .unwrap()
                 .with_attention(kernel)
         };
@@ -89,20 +143,11 @@ fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
             upload(AttentionKernel::Grouped),
         );
         assert_eq!(grouped.attention(), AttentionKernel::Grouped, "{fixture}");
-        for graphs in [false, true] {
-            let (want, got) = (
-                forced_decode(&legacy, graphs, 10),
-                forced_decode(&grouped, graphs, 10),
-            );
-            // The kernels sum in other orders (and exp differs in its last bits), so the
-            // attention output's bf16 rounding (o_proj's input) can land an ulp (2^-8)
-            // apart here and there: logits move by well under 1% of their range, where a
-            // wrong position, head or weight moves them by tens of percent.
-            let worst = worst_within_a_percent(&format!("{fixture} graphs {graphs}"), &want, &got);
-            say(format!(
-                "{fixture} (graphs {graphs}): grouped attention within {worst:.1e} of the legacy kernel's logits' range over {} rows",
-                want.len()
-            ));
-        }
-    }
+        // The kernels sum in other orders (and exp differs in its last bits), so the
+        // attention output's bf16 rounding (o_proj's input) can land an ulp (2^-8) apart
+        // here and there: logits move by well under 1% of their range, where a wrong
+        // position, head or weight moves them by tens of percent.
+        let what = format!("{fixture}: grouped attention against the legacy kernel");
+        decode_alike(&what, &legacy, &grouped);
+    });
 }

@@ -5,56 +5,33 @@
 
 use tessera_model::launch_plan::KernelPath;
 
-use super::attention::{forced_decode, worst_within_a_percent};
+use super::attention::{decode_alike, for_each_fixture, prefill_then_decode_launches};
 use super::*;
 
 #[test]
 fn the_fused_launches_match_the_legacy_ones_in_the_model() {
     let Some(dev) = device() else { return };
-    let fixtures = [
-        "llama-gqa/model.F32.gguf",
-        "llama-kquant/model.Q4_K.gguf",
-        "llama3-rope/model.F32.gguf",
-        "mistral/model.F32.gguf",
-        "qwen2-bias-tied/model.F32.gguf",
-    ];
-    for fixture in fixtures {
-        let path = repo_root().join("fixtures/models").join(fixture);
-        if !path.exists() {
-            say(format!("{fixture}: not in fixtures/models, skipped"));
-            continue;
-        }
-        let llama = loader::load_weights(&path).unwrap();
+    for_each_fixture(|fixture, llama| {
         for kernel in AttentionKernel::ALL {
             let upload = |path| {
-                CudaLlama::upload_for(&llama, Arc::clone(&dev), path)
+                CudaLlama::upload_for(llama, Arc::clone(&dev), path)
                     .unwrap()
                     .with_attention(kernel)
             };
             let (legacy, fused) = (upload(KernelPath::Legacy), upload(KernelPath::Fused));
             assert_eq!(fused.path(), KernelPath::Fused);
-            for graphs in [false, true] {
-                // Every pass checks each launch of its plan against the kernels it
-                // launched (ModelError::LaunchCount), so these passes also prove the
-                // plan's count on the device.
-                let (want, got) = (
-                    forced_decode(&legacy, graphs, 10),
-                    forced_decode(&fused, graphs, 10),
-                );
-                // Both paths round the same values to bf16 before each GEMM and write the
-                // same bf16 cache; the fused kernels sum in other orders (the norm's block
-                // reduction, the rotation's sin/cos in registers), so a bf16 input can land
-                // an ulp apart here and there: well under 1% of the logits' range, where a
-                // wrong bias, head, slot or rotation moves them by tens of percent.
-                let what = format!("{fixture} {kernel} graphs {graphs}");
-                let worst = worst_within_a_percent(&what, &want, &got);
-                say(format!(
-                    "{fixture} ({kernel} attention, graphs {graphs}): fused launches within {worst:.1e} of the legacy ones' logits' range over {} rows",
-                    want.len()
-                ));
-            }
+            // Every pass checks each launch of its plan against the kernels it launched
+            // (ModelError::LaunchCount), so these passes also prove the plan's count on
+            // the device. Both paths round the same values to bf16 before each GEMM and
+            // write the same bf16 cache; the fused kernels sum in other orders (the norm's
+            // block reduction, the rotation's sin/cos in registers), so a bf16 input can
+            // land an ulp apart here and there: well under 1% of the logits' range, where a
+            // wrong bias, head, slot or rotation moves them by tens of percent.
+            let what =
+                format!("{fixture} ({kernel} attention): fused launches against the legacy ones");
+            decode_alike(&what, &legacy, &fused);
         }
-    }
+    });
 }
 
 #[test]
@@ -68,24 +45,7 @@ fn a_fused_decode_step_launches_what_its_plan_counts() {
         let model = CudaLlama::upload_for(&llama, Arc::clone(&dev), path)
             .unwrap()
             .with_attention(AttentionKernel::Grouped);
-        let mut kv = model.new_cache(16 << 20).unwrap();
-        kv.set_graphs(false);
-        let table: Vec<u32> = (0..4).collect();
-        let mut comm = Solo::default();
-        let mut step = |tokens: &[u32], start| {
-            let chunk = SeqChunk {
-                tokens,
-                start,
-                block_table: &table,
-                logits: true,
-            };
-            model
-                .forward_batch(&[chunk], &mut kv, &mut SliceComm::Host(&mut comm))
-                .unwrap();
-        };
-        step(&[1, 2, 3, 4, 5], 0);
-        step(&[6], 5);
-        launches.push(kv.last_launches());
+        launches.push(prefill_then_decode_launches(&model, &[1, 2, 3, 4, 5]).1);
     }
     // The two paths differ only inside the layers.
     let saved = launches[0] - launches[1];

@@ -1,7 +1,7 @@
 //! Typed launches of the kernels on one stream. Each checks its buffers' lengths against
 //! the shape it is given, so a wrong size is an error here, never an access out of bounds
 //! on the device. bf16 buffers are `u16` (the bits of a bf16). The projections' launches
-//! (`round_bf16`, `add_bias`, `matvec_quantized`, with `Blas::gemm_bf16`) take views as
+//! (`round_bf16`, `add_bias`, `matvec_quantized`, `gemv_bf16`, with `Blas::gemm_bf16`) take views as
 //! well as whole buffers, so that a step can run on the first rows of buffers sized for
 //! the largest step.
 
@@ -17,6 +17,7 @@ use super::device::CudaDevice;
 
 pub mod attention;
 mod fused;
+pub mod gemv;
 mod paged;
 mod sampling;
 
@@ -42,6 +43,7 @@ pub fn block_threads(entry: &str) -> Option<u32> {
         "matvec_q8_0" | "matvec_q4_k" => Some(32 * MATVEC_WARPS),
         "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
         "sample_rows" => Some(SAMPLE_THREADS),
+        _ if entry.starts_with("gemv_bf16_") => Some(gemv::GEMV_THREADS),
         _ if entry.starts_with("attention_grouped_") => Some(attention::GROUPED_THREADS),
         _ => super::source::family_of(entry).map(|_| ROW_THREADS),
     }
@@ -94,6 +96,20 @@ fn whole_rows(what: &'static str, len: usize, width: usize) -> Result<usize, Cud
         });
     }
     Ok(len / width)
+}
+
+/// Tokens of a projection `ys[t, r] = Σ_c W[r, c] · xs[t, c]` of `rows × cols`, whose
+/// weights, inputs and outputs hold `w`, `xs` and `ys` values: `W` must be `rows × cols`,
+/// `xs` whole rows of `cols`, `ys` `tokens × rows` (`Blas::gemm_bf16` and
+/// [`Ops::gemv_bf16`] alike).
+pub(crate) fn projection_tokens(
+    (w, xs, ys): (usize, usize, usize),
+    (rows, cols): (usize, usize),
+) -> Result<usize, CudaError> {
+    check("projection weight (rows × cols)", rows * cols, w)?;
+    let tokens = whole_rows("projection input (whole rows of cols)", xs, cols)?;
+    check("projection output (tokens × rows)", tokens * rows, ys)?;
+    Ok(tokens)
 }
 
 /// Tokens of a `gate_up` of `len` values: rows of a gate and an up projection of `inter`
