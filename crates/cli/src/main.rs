@@ -22,6 +22,7 @@ mod certs_cmd;
 mod cluster_cmd;
 mod drain_cmd;
 mod generate;
+mod group_cmd;
 mod http;
 mod remote;
 mod topology_cmd;
@@ -56,6 +57,9 @@ enum Command {
     /// Drain one coordinator peer: refuse new requests, let those in flight finish, hand
     /// leadership over, exit (as SIGTERM does).
     Drain(drain_cmd::DrainArgs),
+    /// Take a tensor-parallel group out of routing for maintenance (`drain`, waiting until
+    /// it is idle), or put it back (`resume`).
+    Group(group_cmd::GroupArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Command::Certs(CertsCommand::Issue(args)) => certs_cmd::issue(args),
         Command::Cluster(args) => cluster_cmd::run(args),
         Command::Drain(args) => drain_cmd::run(args),
+        Command::Group(args) => group_cmd::run(args),
     };
     match result {
         Ok(code) => code,

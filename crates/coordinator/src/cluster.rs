@@ -102,10 +102,32 @@ impl Cluster {
         generated: Vec<u32>,
     ) -> Result<TokenStream, WireError> {
         let Some(group) = self.route(&request) else {
-            let model = request.model;
-            return Err(CoordinatorError::NoGroupForModel { model }.into());
+            return Err(self.no_route(request.model));
         };
         group.generate(id, request, generated).await
+    }
+
+    /// Why no group of `model` takes requests: it has none, or every one is drained.
+    fn no_route(&self, model: String) -> WireError {
+        let drained: Vec<String> = self
+            .groups
+            .values()
+            .filter(|g| g.model == model)
+            .map(|g| g.name.clone())
+            .collect();
+        if drained.is_empty() {
+            CoordinatorError::NoGroupForModel { model }.into()
+        } else {
+            CoordinatorError::ModelDrained { model, drained }.into()
+        }
+    }
+
+    /// Takes `group` out of routing, or back in; `false` when there is no such group.
+    pub fn set_drained(&self, group: &str, drained: bool) -> bool {
+        self.groups
+            .get(group)
+            .map(|g| g.set_drained(drained))
+            .is_some()
     }
 
     /// The group for a request: see [`pick`]. Remembers which group got which prompt
@@ -114,7 +136,7 @@ impl Cluster {
         let groups: Vec<&GroupHandle> = self
             .groups
             .values()
-            .filter(|g| g.model == request.model)
+            .filter(|g| g.model == request.model && !g.is_drained())
             .collect();
         let loads: Vec<Load> = groups.iter().map(|g| Load::of(&g.status())).collect();
         let key = prefix_key(&request.prompt);
@@ -206,7 +228,14 @@ impl Engine for Cluster {
 
     fn admission(&self, model: &str) -> Result<(), WireError> {
         let mut of_model = self.groups.values().filter(|g| g.model == model).peekable();
-        if of_model.peek().is_none() || of_model.any(|g| !g.queue_full()) {
+        if of_model.peek().is_none() {
+            return Ok(());
+        }
+        let mut open = of_model.filter(|g| !g.is_drained()).peekable();
+        if open.peek().is_none() {
+            return Err(self.no_route(model.to_string()));
+        }
+        if open.any(|g| !g.queue_full()) {
             return Ok(());
         }
         let model = model.to_string();
@@ -223,13 +252,13 @@ impl Engine for Cluster {
 
     fn ready(&self, model: &str) -> bool {
         let groups = self.groups.values().filter(|g| g.model == model);
-        model_ready(groups.map(|g| (g.has_warmed(), g.is_ready())))
+        model_ready(groups.map(|g| (g.has_warmed(), g.is_ready() && !g.is_drained())))
     }
 }
 
-/// Whether a model whose groups are `(warmed up, serving now)` is ready: it has groups,
-/// every one has warmed up (served an epoch), so none gets its first requests cold, and
-/// one serves now.
+/// Whether a model whose groups are `(warmed up, serving now and not drained)` is ready:
+/// it has groups, every one has warmed up (served an epoch), so none gets its first
+/// requests cold, and one serves now.
 fn model_ready(groups: impl Iterator<Item = (bool, bool)>) -> bool {
     let (mut any, mut all_warmed, mut serving) = (false, true, false);
     for (warmed, ready) in groups {

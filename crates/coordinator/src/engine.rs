@@ -128,6 +128,19 @@ pub trait Engine: Send + Sync + 'static {
             CoordinatorError::NotReplicated.into()
         )))
     }
+
+    /// Takes `group` out of routing (`drained`) or puts it back, once the change is
+    /// committed: its status then. Engines without replication refuse.
+    fn drain_group(
+        &self,
+        group: String,
+        drained: bool,
+    ) -> BoxFuture<'_, Result<GroupStatus, WireError>> {
+        let _ = (group, drained);
+        Box::pin(std::future::ready(Err(
+            CoordinatorError::NotReplicated.into()
+        )))
+    }
 }
 
 /// A membership change of the coordinator peers (one voter at a time).
@@ -196,6 +209,8 @@ pub struct GroupStatus {
     pub tp: usize,
     /// `down` (a rank is missing), `assigning` (loading / joining), `serving`.
     pub state: &'static str,
+    /// Taken out of routing (`tessera group drain`): it takes no new request.
+    pub drained: bool,
     pub epoch: Epoch,
     /// Sequences with KV on the shards / waiting in the queue.
     pub running: usize,

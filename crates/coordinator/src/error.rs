@@ -21,6 +21,11 @@ pub enum CoordinatorError {
     // Routing and the groups.
     #[error("no group serves model `{model}`")]
     NoGroupForModel { model: String },
+    #[error(
+        "every group of model `{model}` is drained for maintenance ({}); put one back with \
+         `tessera group resume NAME`", drained.join(", ")
+    )]
+    ModelDrained { model: String, drained: Vec<String> },
     #[error("every group of model `{model}` has a full queue; retry later")]
     QueuesFull { model: String },
     #[error(
@@ -103,6 +108,11 @@ pub enum CoordinatorError {
     LastPeer,
     #[error("the membership change was not committed: {source}")]
     MembershipNotCommitted { source: ProposalError },
+    #[error("the drain of group `{group}` was not committed: {source}")]
+    DrainNotCommitted {
+        group: String,
+        source: ProposalError,
+    },
 
     // Forwarding to the leader.
     #[error("forwarding to the leader (peer {leader}, QUIC address {quic}) failed: {reason}")]
@@ -164,6 +174,8 @@ impl CoordinatorError {
             | E::NotJournaled { .. }
             | E::EndedUnfinished { .. }
             | E::MembershipNotCommitted { .. }
+            | E::ModelDrained { .. }
+            | E::DrainNotCommitted { .. }
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }
             | E::TooLarge { .. }

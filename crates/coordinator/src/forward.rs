@@ -33,7 +33,11 @@ fn leader_only(path: &str, query: Option<&str>) -> bool {
     match path {
         "/ready" | "/v1/completions" | "/v1/chat/completions" => true,
         "/v1/cluster" => !query.is_some_and(|q| q.split('&').any(|kv| kv == "local=true")),
-        _ => path.starts_with("/v1/streams/") || path.starts_with("/v1/cluster/peers"),
+        _ => {
+            path.starts_with("/v1/streams/")
+                || path.starts_with("/v1/cluster/peers")
+                || path.starts_with("/v1/cluster/groups/")
+        }
     }
 }
 
@@ -111,6 +115,7 @@ mod tests {
             "/v1/cluster",
             "/v1/cluster/peers",
             "/v1/cluster/peers/4",
+            "/v1/cluster/groups/g/drain",
         ] {
             assert!(leader_only(path, None), "{path}");
         }

@@ -153,6 +153,10 @@ impl Leadership {
                     term: role.term,
                     cluster: cluster.clone(),
                 }));
+                for (name, group) in &self.node.summary().borrow().groups {
+                    cluster.set_drained(name, group.drained);
+                }
+                tokio::spawn(self.clone().follow_drains(cluster.clone(), role.term));
                 tokio::spawn(self.clone().resume_open(cluster));
                 tokio::spawn(self.clone().record_models());
             }
@@ -369,6 +373,21 @@ impl Leadership {
 
     /// Records the models this leader's topology serves, where the replicated state
     /// holds them otherwise (a first leader, or a topology changed across a restart).
+    /// Keeps the groups' routing as the replicated state says (`GroupRecord::drained`)
+    /// while this peer leads in `term`: at once, then on every change committed.
+    async fn follow_drains(self, cluster: Cluster, term: Term) {
+        let mut summary = self.node.summary();
+        loop {
+            let groups = summary.borrow_and_update().groups.clone();
+            for (name, record) in &groups {
+                cluster.set_drained(name, record.drained);
+            }
+            if summary.changed().await.is_err() || self.leading().is_none_or(|l| l.term != term) {
+                return;
+            }
+        }
+    }
+
     async fn record_models(self) {
         let recorded = self.node.summary().borrow().models.clone();
         for model in &self.topology.models {

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tessera_tests::failover::{slow_three_peers, wait_for_leader};
 use tessera_tests::{
     Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, get, metric, post, read_sse,
-    sse,
+    sse, wait_ready,
 };
 
 const STREAMS: usize = 16;
@@ -35,14 +35,6 @@ fn wait_exit(cluster: &mut Cluster, name: &str, timeout: Duration) -> ExitStatus
             cluster.logs()
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn wait_ready(url: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !matches!(get(&format!("{url}/ready")), Ok((200, _))) {
-        assert!(Instant::now() < deadline, "{url} not ready in {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -68,7 +60,7 @@ fn sigterm_during_16_streams_lets_every_one_finish_by_length() {
     let mut cluster = Cluster::start_local_with(&[group], &[("TESSERA_FAULT_STEP_DELAY_MS", "60")])
         .expect("cluster starts");
     let url = cluster.http.clone();
-    wait_ready(&url, Duration::from_secs(30));
+    wait_ready(&url, Duration::from_secs(30), String::new);
     let streams: Vec<_> = (0..STREAMS)
         .map(|_| {
             let url = format!("{url}/v1/completions");
@@ -125,7 +117,7 @@ fn tessera_drain_on_the_leader_hands_leadership_over_and_the_peer_exits() {
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
     let leader = wait_for_leader(&all, None, Duration::from_secs(20));
     let leader_url = all[leader as usize - 1];
-    wait_ready(leader_url, Duration::from_secs(30));
+    wait_ready(leader_url, Duration::from_secs(30), String::new);
     let started = Instant::now();
     let out = Command::new(bin("tessera"))
         .args(["drain", "--url", leader_url, "--admin-key", TEST_ADMIN_KEY])
@@ -151,7 +143,7 @@ fn tessera_drain_on_the_leader_hands_leadership_over_and_the_peer_exits() {
     );
     let log = std::fs::read_to_string(&cluster.proc(&name).log).expect("log");
     assert!(log.contains("leadership handed over"), "{log}");
-    wait_ready(others[0], Duration::from_secs(30));
+    wait_ready(others[0], Duration::from_secs(30), String::new);
     let (status, answer) = post(
         &format!("{}/v1/completions", others[0]),
         &completion(4, false),
@@ -234,7 +226,11 @@ fn a_rolling_restart_of_three_peers_under_load_fails_no_request() {
     let (mut cluster, urls) = slow_three_peers();
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
     let leader = wait_for_leader(&all, None, Duration::from_secs(20));
-    wait_ready(all[leader as usize - 1], Duration::from_secs(30));
+    wait_ready(
+        all[leader as usize - 1],
+        Duration::from_secs(30),
+        String::new,
+    );
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..CLIENTS)
@@ -261,7 +257,7 @@ fn a_rolling_restart_of_three_peers_under_load_fails_no_request() {
         cluster
             .start_coordinator_peer(peer as usize)
             .expect("restart");
-        wait_ready(all[peer as usize - 1], Duration::from_secs(30));
+        wait_ready(all[peer as usize - 1], Duration::from_secs(30), String::new);
         wait_for_leader(&all, None, Duration::from_secs(20));
         std::thread::sleep(Duration::from_secs(1));
     }

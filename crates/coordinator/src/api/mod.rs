@@ -18,7 +18,9 @@
 //!   ([`resume`]).
 //! - `GET /v1/cluster` and the status page at `/` ([`status`]); membership of the
 //!   coordinator peers: `POST /v1/cluster/peers`, `DELETE /v1/cluster/peers/{id}`
-//!   ([`peers`]).
+//!   ([`peers`]);
+//!   a group's maintenance drain: `POST /v1/cluster/groups/{group}/drain` and `/resume`
+//!   ([`groups`]).
 //! - `POST /v1/admin/drain` starts this peer's drain, `GET` says how far it is
 //!   ([`drain`]; admin keys only).
 //!
@@ -38,6 +40,7 @@ mod detach;
 mod detok;
 pub mod drain;
 mod error;
+mod groups;
 mod idempotency;
 mod ids;
 mod limits;
@@ -152,6 +155,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/streams/{*id}", get(resume::resume))
         .route("/v1/cluster/peers", post(peers::add))
         .route("/v1/cluster/peers/{id}", delete(peers::remove))
+        .route("/v1/cluster/groups/{group}/drain", post(groups::drain))
+        .route("/v1/cluster/groups/{group}/resume", post(groups::resume))
         .route("/v1/admin/drain", get(drain::status).post(drain::start))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -46,7 +46,7 @@ th, td { border: 1px solid #ccc; padding: .2em .6em; text-align: left; }
 th { background: #f3f3f3; }
 .bar { width: 12em; height: .9em; background: #eee; border: 1px solid #bbb; display: inline-block; vertical-align: middle; }
 .bar > div { height: 100%; background: #4a7; }
-.serving, .ready { color: #270; } .down, .disconnected { color: #b00; }
+.serving, .ready { color: #270; } .down, .disconnected { color: #b00; } .drained { color: #a60; }
 #error { color: #b00; } #key { display: none; margin: .5em 0; }
 </style>
 </head>
@@ -97,7 +97,8 @@ function render(status) {
     root.appendChild(el("h2", "group " + g.name + " (model " + g.model + ", tp " + g.tp + ")"));
     const t = el("table");
     t.appendChild(row(["state", "epoch", "running", "waiting", "KV blocks used", "tokens/s", "prefix-cache hit tokens"], true));
-    t.appendChild(row([el("span", g.state, g.state), g.epoch, g.running, g.waiting,
+    const state = g.drained ? el("span", g.state + " (drained)", "drained") : el("span", g.state, g.state);
+    t.appendChild(row([state, g.epoch, g.running, g.waiting,
       bar(g.kv_blocks_used, g.kv_blocks), g.tokens_per_second.toFixed(1), g.prefix_cache_hit_tokens]));
     root.appendChild(t);
     const s = el("table");

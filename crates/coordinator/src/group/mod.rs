@@ -40,6 +40,9 @@ pub struct Shared {
     ready: AtomicBool,
     /// Set when the group first serves an epoch (its ranks warmed up before), for good.
     warmed: AtomicBool,
+    /// Out of routing: the replicated state's `GroupRecord::drained`, as the leader saw it
+    /// last.
+    drained: AtomicBool,
     waiting: AtomicUsize,
     max_waiting: usize,
     status: Mutex<GroupStatus>,
@@ -90,6 +93,16 @@ impl GroupHandle {
         self.shared.warmed.load(Ordering::Relaxed)
     }
 
+    /// True while the group is drained: routing sends it no new request.
+    pub fn is_drained(&self) -> bool {
+        self.shared.drained.load(Ordering::Relaxed)
+    }
+
+    /// Takes the group out of routing, or back in.
+    pub fn set_drained(&self, drained: bool) {
+        self.shared.drained.store(drained, Ordering::Relaxed);
+    }
+
     /// Requests waiting for admission.
     pub fn waiting(&self) -> usize {
         self.shared.waiting.load(Ordering::Relaxed)
@@ -102,11 +115,14 @@ impl GroupHandle {
 
     /// The group's live status (as of the driver's last event).
     pub fn status(&self) -> GroupStatus {
-        self.shared
+        let mut status = self
+            .shared
             .status
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .clone();
+        status.drained = self.is_drained();
+        status
     }
 
     pub async fn attach(&self, rank: Rank, link: ShardLink) -> Result<(), WireError> {

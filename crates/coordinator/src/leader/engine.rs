@@ -12,8 +12,8 @@ use tracing::info;
 use super::journal::{self, Ending, Tail};
 use super::{JOURNAL_TIMEOUT, Leadership, MEMBERSHIP_TIMEOUT, now_ms};
 use crate::engine::{
-    BoxFuture, ClusterStatus, Engine, GenerateRequest, ModelStatus, PeerChange, Resumed,
-    TokenStream,
+    BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ModelStatus, PeerChange,
+    Resumed, TokenStream,
 };
 use crate::error::CoordinatorError;
 use crate::replication::peer::MembershipChange;
@@ -136,6 +136,33 @@ impl Engine for Leadership {
                 .await
                 .map(|_| ())
                 .map_err(|source| CoordinatorError::MembershipNotCommitted { source }.into())
+        })
+    }
+
+    fn drain_group(
+        &self,
+        group: String,
+        drained: bool,
+    ) -> BoxFuture<'_, Result<GroupStatus, WireError>> {
+        Box::pin(async move {
+            let Some(cluster) = self.cluster_soon().await else {
+                return Err(self.not_leader());
+            };
+            if cluster.group(&group).is_none() {
+                return Err(CoordinatorError::UnknownGroup { group }.into());
+            }
+            let command = Command::Drain {
+                group: group.clone(),
+                drained,
+            };
+            if let Err(source) = self.node.propose(command, JOURNAL_TIMEOUT).await {
+                return Err(CoordinatorError::DrainNotCommitted { group, source }.into());
+            }
+            // Committed: routing follows now (the summary's watcher would, a moment later).
+            cluster.set_drained(&group, drained);
+            info!(group, drained, "group drain changed");
+            let handle = cluster.group(&group).expect("checked above");
+            Ok(handle.status())
         })
     }
 

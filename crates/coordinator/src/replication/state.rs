@@ -26,6 +26,7 @@ use tessera_topology::PeerId;
 use crate::engine::GenerateRequest;
 
 pub mod journal;
+pub mod snapshot;
 
 pub use journal::JournalUsage;
 
@@ -100,6 +101,8 @@ pub enum Command {
     /// A request that ended without a reason (its client went away, its group failed it)
     /// runs again, resumed by its client: it is open once more (and counted so).
     Reopen { id: RequestId },
+    /// `group` is drained (taken out of routing for maintenance), or serves again.
+    Drain { group: String, drained: bool },
 }
 
 /// What applying a command did. Anything but `Applied` left the state unchanged.
@@ -146,11 +149,14 @@ pub struct ShardRecord {
     pub pid: u32,
 }
 
-/// A group's fencing epoch and shards.
+/// A group's fencing epoch and shards, and whether it is drained.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRecord {
     pub epoch: u64,
     pub shards: BTreeMap<u32, ShardRecord>,
+    /// Taken out of routing for maintenance ([`Command::Drain`]): new requests go to the
+    /// model's other groups; the requests it runs finish.
+    pub drained: bool,
 }
 
 /// One request of the journal.
@@ -328,6 +334,10 @@ impl ClusterState {
                 self.usage.add(id, entry);
                 Outcome::Applied
             }
+            Command::Drain { group, drained } => {
+                self.groups.entry(group.clone()).or_default().drained = *drained;
+                Outcome::Applied
+            }
         }
     }
 
@@ -347,20 +357,20 @@ impl ClusterState {
         self.usage
     }
 
-    /// The state as snapshot bytes; refuses more than [`MAX_SNAPSHOT_BYTES`].
+    /// The state as snapshot bytes (versioned: [`snapshot`]); refuses more than
+    /// [`MAX_SNAPSHOT_BYTES`].
     pub fn snapshot(&self) -> Result<Vec<u8>, tessera_comm::CommError> {
-        wire::encode_large(self, MAX_SNAPSHOT_BYTES)
+        snapshot::encode(self)
     }
 
-    /// The state a snapshot holds; refuses more than [`MAX_SNAPSHOT_BYTES`].
+    /// The state a snapshot of any version this peer knows holds; refuses more than
+    /// [`MAX_SNAPSHOT_BYTES`].
     pub fn restore(bytes: &[u8]) -> Result<ClusterState, tessera_comm::CommError> {
         if bytes.is_empty() {
             // The empty snapshot of a peer that has never compacted.
             return Ok(ClusterState::default());
         }
-        let mut state: ClusterState = wire::decode_large(bytes, MAX_SNAPSHOT_BYTES)?;
-        state.usage = JournalUsage::of(&state.journal);
-        Ok(state)
+        snapshot::decode(bytes)
     }
 }
 

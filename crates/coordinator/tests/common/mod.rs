@@ -240,6 +240,7 @@ impl Engine for MockEngine {
                 model: TEXT_MODEL.into(),
                 tp: 1,
                 state: "serving",
+                drained: false,
                 epoch: Epoch(3),
                 running: 1,
                 waiting: 2,
