@@ -18,7 +18,18 @@ use crate::http::{self, Client, ClientOptions};
 pub struct ClusterArgs {
     #[command(subcommand)]
     pub command: ClusterCommand,
-    /// Any coordinator peer's HTTP API.
+    #[command(flatten)]
+    pub target: AdminTarget,
+    /// The API key [default: $TESSERA_API_KEY, then $OPENAI_API_KEY].
+    #[arg(long, global = true, env = "TESSERA_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// A running cluster, through any coordinator peer, and the key that may change it
+/// (`tessera cluster`, `tessera group`).
+#[derive(Debug, clap::Args)]
+pub struct AdminTarget {
+    /// Any coordinator peer's HTTP API (followers forward to the leader).
     #[arg(
         long,
         global = true,
@@ -26,11 +37,8 @@ pub struct ClusterArgs {
         default_value = "http://127.0.0.1:8000"
     )]
     pub url: String,
-    /// The API key [default: $TESSERA_API_KEY, then $OPENAI_API_KEY].
-    #[arg(long, global = true, env = "TESSERA_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// An admin key (the coordinator's `--admin-key`): `add`, `remove` and `replace` need
-    /// one where the coordinators have API keys. Used instead of the API key when given.
+    /// An admin key (the coordinator's `--admin-key`): changes to the cluster need one
+    /// where the coordinators have API keys. Used instead of the API key when given.
     #[arg(long, global = true, env = "TESSERA_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: Option<String>,
 }
@@ -80,10 +88,11 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<ExitCode> {
         ..ClientOptions::default()
     };
     let key = args
+        .target
         .admin_key
         .clone()
         .or_else(|| http::api_key(args.api_key.as_deref()));
-    let client = Client::new(&args.url, key, options);
+    let client = Client::new(&args.target.url, key, options);
     let peers = match &args.command {
         ClusterCommand::List => client.get_json("/v1/cluster")?,
         ClusterCommand::Add(new) => add(&client, new)?,

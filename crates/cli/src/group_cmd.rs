@@ -11,23 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::{Value, json};
 
+use crate::cluster_cmd::AdminTarget;
 use crate::http::{Client, ClientOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct GroupArgs {
     #[command(subcommand)]
     pub command: GroupCommand,
-    /// Any coordinator peer's HTTP API.
-    #[arg(
-        long,
-        global = true,
-        env = "TESSERA_URL",
-        default_value = "http://127.0.0.1:8000"
-    )]
-    pub url: String,
-    /// An admin key (the coordinator's `--admin-key`), needed where it has API keys.
-    #[arg(long, global = true, env = "TESSERA_ADMIN_KEY", hide_env_values = true)]
-    pub admin_key: Option<String>,
+    #[command(flatten)]
+    pub target: AdminTarget,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -59,7 +51,7 @@ pub fn run(args: &GroupArgs) -> anyhow::Result<ExitCode> {
         server_noun: "coordinator",
         ..ClientOptions::default()
     };
-    let client = Client::new(&args.url, args.admin_key.clone(), options);
+    let client = Client::new(&args.target.url, args.target.admin_key.clone(), options);
     match &args.command {
         GroupCommand::Resume { name } => {
             let status = client.post_json(&path(name, "resume"), &json!({}))?;
