@@ -38,9 +38,24 @@
 # run of the model test compares it with cuBLAS in the whole model
 # (crates/model/tests/cuda_model/gemv.rs) and every decode bench times batches 1 and 8
 # both ways; the model test runs once more with TESSERA_GEMV=1 (fused, grouped).
-# Usage: scripts/gpu-check.sh
+# Everything it prints goes to DIR/gpu-check.log too; at the end (also after a failure)
+# scripts/gpu-report.py prints one summary table (each step's test counts, the graphed
+# decode throughput of every variant, the GEMV's share of the copy bandwidth) and writes
+# the same figures to DIR/gpu-check.json. DIR is the argument, else $OUT (the device
+# tool's folder that comes back), else gpu-check-out.
+# Usage: scripts/gpu-check.sh [DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out_dir="${1:-${OUT:-gpu-check-out}}"
+if [[ -z "${TESSERA_GPU_CHECK_INNER:-}" ]]; then
+    mkdir -p "$out_dir"
+    set +e
+    TESSERA_GPU_CHECK_INNER=1 "$0" "$out_dir" 2>&1 | tee "$out_dir/gpu-check.log"
+    status="${PIPESTATUS[0]}"
+    echo "== summary (gpu-check.sh exited $status; $out_dir/gpu-check.json)"
+    python3 scripts/gpu-report.py "$out_dir/gpu-check.log" --json "$out_dir/gpu-check.json"
+    exit "$status"
+fi
 export TESSERA_REQUIRE_GPU=1
 export TESSERA_CACHE_DIR="${TESSERA_CACHE_DIR:-/tmp/tessera-gpu-check}"
 export TESSERA_REPO_ROOT="$PWD"

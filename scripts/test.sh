@@ -42,6 +42,8 @@ echo "== cargo test (${SECONDS}s)"
 # One build for the whole workspace: cargo unifies features across it, so here the
 # coordinator links a CUDA-enabled model crate; the tree check above holds its own graph.
 cargo test --workspace --locked
+echo "== scripts/gpu-report.py, which summarises a GPU run's log (${SECONDS}s)"
+python3 scripts/gpu-report.py --self-test
 echo "== the deployment files under deploy/ (${SECONDS}s)"
 # Dockerfiles, systemd units and Kubernetes manifests, linted and validated; the
 # topologies of the Kubernetes examples checked by the tessera binary cargo test built.

@@ -15,6 +15,7 @@
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
 use std::sync::Arc;
+use tessera_kernels::report::{Field, result_line};
 
 use cudarc::driver::sys::CUevent_flags;
 use tessera_kernels::cuda::device::driver_present;
@@ -96,6 +97,7 @@ fn main() {
         TARGET * copy,
         TARGET * 100.0
     );
+    println!("{}", result_line("copy", &[("gb_s", Field::Number(copy))]));
     println!(
         "  projection        rows × cols  tokens  GEMV µs  GEMV GB/s  of copy  cuBLAS µs  cuBLAS GB/s  of copy  GEMV ≥ {:.0}%",
         TARGET * 100.0
@@ -138,6 +140,19 @@ fn main() {
                     "NO"
                 }
             );
+            let shape = format!("{rows}x{cols}");
+            let fields = [
+                ("projection", Field::Text(name)),
+                ("shape", Field::Text(&shape)),
+                ("tokens", Field::Number(tokens as f64)),
+                ("gemv_us", Field::Number(gemv * 1e6)),
+                ("gemv_gb_s", Field::Number(gemv_gbs)),
+                ("gemv_of_copy", Field::Number(gemv_gbs / copy)),
+                ("cublas_us", Field::Number(cublas * 1e6)),
+                ("cublas_gb_s", Field::Number(cublas_gbs)),
+                ("cublas_of_copy", Field::Number(cublas_gbs / copy)),
+            ];
+            println!("{}", result_line("gemv", &fields));
         }
     }
     println!(
