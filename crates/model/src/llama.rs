@@ -22,7 +22,10 @@
 //! KV head `h / (local heads / local KV heads)`, which is the right one both when KV heads
 //! are split and when they are replicated (tp > KV heads: one KV head per rank).
 
+mod convert;
 mod load;
+
+pub use convert::held_type;
 
 use std::ops::Range;
 

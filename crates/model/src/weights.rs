@@ -131,6 +131,40 @@ impl Weight {
         Ok(out)
     }
 
+    /// The same values held as `to` (F32, BF16 or F16): each row dequantized to f32, then
+    /// rounded to nearest even for the 16-bit types.
+    pub fn converted(&self, to: DType) -> Result<Weight, ModelError> {
+        let encode: fn(f32, &mut Vec<u8>) = match to {
+            DType::F32 => |v, out| out.extend_from_slice(&v.to_le_bytes()),
+            DType::BF16 => |v, out| out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            DType::F16 => |v, out| out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+            other => {
+                return Err(ModelError::Plan {
+                    message: format!(
+                        "tensor `{}`: weights are not converted to {other}",
+                        self.name
+                    ),
+                });
+            }
+        };
+        let m = self.mat();
+        let mut row = vec![0.0f32; self.cols];
+        let mut out = Vec::with_capacity(to.row_bytes(self.cols)? * self.rows);
+        for r in 0..self.rows {
+            m.dequantize_row(r, &mut row)?;
+            for &v in &row {
+                encode(v, &mut out);
+            }
+        }
+        Ok(Weight {
+            name: self.name.clone(),
+            dtype: to,
+            rows: self.rows,
+            cols: self.cols,
+            storage: Storage::from_vec(out),
+        })
+    }
+
     /// Bytes of the stored tensor.
     pub fn bytes(&self) -> &[u8] {
         self.storage.bytes()

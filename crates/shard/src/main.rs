@@ -140,6 +140,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         rank,
         tp: group.tp,
         model_path: model.path.clone(),
+        dtype: model.dtype,
         plan,
         kv_memory_bytes: shard.kv_memory_bytes,
         #[cfg(feature = "cuda")]

@@ -222,6 +222,15 @@ pub enum TopologyError {
     },
     #[error("group {group}: collective = \"nccl\" needs cuda devices, but the shards run on cpu")]
     NcclOnCpu { group: String },
+    #[error(
+        "group {group}: model `{model}` has dtype = \"{dtype}\", which cuda shards cannot hold \
+         (on a GPU weights are bf16, Q8_0 and Q4_K stay quantized)"
+    )]
+    DtypeOnCuda {
+        group: String,
+        model: String,
+        dtype: String,
+    },
     #[error("group {group}: collective = \"shm\" needs every rank on one host, but they run on {}", hosts.join(", "))]
     ShmAcrossHosts { group: String, hosts: Vec<String> },
     #[error("{what}: threads = {threads}; threads must be at least 1")]
@@ -284,6 +293,7 @@ impl TopologyError {
             E::MixedDevices { .. } => "mixed-devices",
             E::SharedCudaDevice { .. } => "shared-cuda-device",
             E::NcclOnCpu { .. } => "collective-device",
+            E::DtypeOnCuda { .. } => "dtype-device",
             E::ShmAcrossHosts { .. } => "shm-across-hosts",
             E::ThreadsRange { .. } => "threads-range",
             E::PortRange { .. } => "port-range",
@@ -377,6 +387,10 @@ impl TopologyError {
                     .into()
             }
             E::BadDevice { .. } => "write \"cpu\" or \"cuda:N\" with N the GPU index".into(),
+            E::DtypeOnCuda { .. } => {
+                "set the model's dtype to \"auto\" or \"bf16\", or run the group on cpu devices"
+                    .into()
+            }
             E::MixedDevices { .. } => {
                 "run every rank of a group on one kind of device; make another group for the \
                  other kind"

@@ -104,6 +104,18 @@ pub enum ModelDtype {
     F16,
 }
 
+impl ModelDtype {
+    /// As the topology writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelDtype::Auto => "auto",
+            ModelDtype::F32 => "f32",
+            ModelDtype::Bf16 => "bf16",
+            ModelDtype::F16 => "f16",
+        }
+    }
+}
+
 /// What `Model::path` points at, judged by its name (the crate does no I/O).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

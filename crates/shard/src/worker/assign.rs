@@ -117,12 +117,13 @@ pub(super) fn load_once(
             });
         }
     };
-    let llama = loader::load_rank_with_progress(
+    let mut llama = loader::load_rank_with_progress(
         &config.model_path,
         &config.plan,
         config.tp,
         &mut on_layer,
     )?;
+    llama.hold_as(config.dtype)?;
     #[cfg(feature = "cuda")]
     let slice = match &config.device {
         Some(device) => ModelSlice::upload(llama, Arc::clone(device))?,

@@ -29,7 +29,7 @@ use tessera_comm::proto::{
 #[cfg(feature = "cuda")]
 use tessera_kernels::cuda::CudaDevice;
 use tessera_model::slice::ModelSlice;
-use tessera_topology::{Rank, RankPlan};
+use tessera_topology::{ModelDtype, Rank, RankPlan};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, debug_span, warn};
@@ -67,6 +67,8 @@ pub struct WorkerConfig {
     pub rank: Rank,
     pub tp: usize,
     pub model_path: PathBuf,
+    /// How the weights are held once loaded (the topology's `dtype`).
+    pub dtype: ModelDtype,
     pub plan: RankPlan,
     pub kv_memory_bytes: u64,
     /// The GPU this rank runs on (`None`: the CPU).

@@ -10,7 +10,7 @@ use toml::Spanned;
 use super::{Bind, GpuUse, Hosts, Listener, Models, Validator};
 use crate::error::TopologyError;
 use crate::spec::{GroupSpec, ShardSpec, SizeSpec};
-use crate::topology::{Collective, CollectiveChoice, Device, Group, Rank, Shard};
+use crate::topology::{Collective, CollectiveChoice, Device, Group, ModelDtype, Rank, Shard};
 use crate::units::{parse_device, parse_size};
 
 /// A shard entry that passed its own checks, with the spans the group checks need.
@@ -88,6 +88,9 @@ impl Validator<'_> {
         let collective_span = spec.collective.as_ref().map_or(span.clone(), Spanned::span);
         let collective =
             requested.and_then(|r| self.collective(&label, &table, r, collective_span, &valid));
+        if let (Some(model), Some(spec_model)) = (&model, &spec.model) {
+            self.dtype_on_device(&label, &table, model, spec_model.span(), &valid, models);
+        }
         let shards: Vec<ShardEntry> = shards.into_iter().collect::<Option<_>>()?;
         let (name, model, tp) = (name?, model?, tp?);
         let (requested, collective) = (requested?, collective?);
@@ -350,6 +353,31 @@ impl Validator<'_> {
                 self.error(value.span(), field, error);
                 None
             }
+        }
+    }
+
+    /// Cuda shards hold weights in bf16 (or Q8_0 and Q4_K): a model whose `dtype` asks for
+    /// f32 or f16 cannot run there.
+    fn dtype_on_device(
+        &mut self,
+        group: &str,
+        table: &str,
+        model: &str,
+        span: Range<usize>,
+        shards: &[&ShardEntry],
+        models: &Models,
+    ) {
+        let Some(m) = models.valid.iter().find(|m| m.name == model) else {
+            return;
+        };
+        let on_cuda = shards.iter().any(|s| s.shard.device.is_cuda());
+        if on_cuda && matches!(m.dtype, ModelDtype::F32 | ModelDtype::F16) {
+            let error = TopologyError::DtypeOnCuda {
+                group: group.to_owned(),
+                model: model.to_owned(),
+                dtype: m.dtype.as_str().to_owned(),
+            };
+            self.error(span, format!("{table}.model"), error);
         }
     }
 
