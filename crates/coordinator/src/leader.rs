@@ -371,8 +371,6 @@ impl Leadership {
         }
     }
 
-    /// Records the models this leader's topology serves, where the replicated state
-    /// holds them otherwise (a first leader, or a topology changed across a restart).
     /// Keeps the groups' routing as the replicated state says (`GroupRecord::drained`)
     /// while this peer leads in `term`: at once, then on every change committed.
     async fn follow_drains(self, cluster: Cluster, term: Term) {
@@ -388,6 +386,8 @@ impl Leadership {
         }
     }
 
+    /// Records the models this leader's topology serves, where the replicated state
+    /// holds them otherwise (a first leader, or a topology changed across a restart).
     async fn record_models(self) {
         let recorded = self.node.summary().borrow().models.clone();
         for model in &self.topology.models {

@@ -148,9 +148,9 @@ impl Engine for Leadership {
             let Some(cluster) = self.cluster_soon().await else {
                 return Err(self.not_leader());
             };
-            if cluster.group(&group).is_none() {
+            let Some(handle) = cluster.group(&group) else {
                 return Err(CoordinatorError::UnknownGroup { group }.into());
-            }
+            };
             let command = Command::Drain {
                 group: group.clone(),
                 drained,
@@ -159,9 +159,8 @@ impl Engine for Leadership {
                 return Err(CoordinatorError::DrainNotCommitted { group, source }.into());
             }
             // Committed: routing follows now (the summary's watcher would, a moment later).
-            cluster.set_drained(&group, drained);
+            handle.set_drained(drained);
             info!(group, drained, "group drain changed");
-            let handle = cluster.group(&group).expect("checked above");
             Ok(handle.status())
         })
     }
