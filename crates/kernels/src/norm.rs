@@ -12,6 +12,16 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] in place over every `weight.len()`-long head of `x` (Qwen3's q/k norm: one
+/// weight vector shared by every head).
+pub fn head_rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut head = vec![0.0; weight.len()];
+    for h in x.chunks_exact_mut(weight.len()) {
+        head.copy_from_slice(h);
+        rms_norm(&head, weight, eps, h);
+    }
+}
+
 /// `x += residual; out = rms_norm(x)`: one pass over `x` for both.
 pub fn add_rms_norm(x: &mut [f32], residual: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let mut sum_sq = 0.0f64;
@@ -50,6 +60,27 @@ mod tests {
         for (a, b) in out.iter().zip(reference(&x, &w, 1e-5)) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn head_norm_normalizes_each_head_alone() {
+        let mut x: Vec<f32> = (0..48)
+            .map(|i| (i * 7 % 19) as f32 - 9.0 + i as f32)
+            .collect();
+        let w: Vec<f32> = (0..16).map(|i| 0.7 + i as f32 / 20.0).collect();
+        let mut want = vec![0.0; 48];
+        for (h, out) in x.chunks_exact(16).zip(want.chunks_exact_mut(16)) {
+            rms_norm(h, &w, 1e-6, out);
+        }
+        head_rms_norm(&mut x, &w, 1e-6);
+        assert_eq!(x, want);
+        // Heads of different scale stay apart: the norm is per head, not over the row.
+        let whole = reference(
+            &(0..48).map(|i| i as f32).collect::<Vec<_>>(),
+            &[1.0; 48],
+            1e-6,
+        );
+        assert_ne!(&x[..16], &whole[..16]);
     }
 
     #[test]
