@@ -3,10 +3,7 @@
 
 /// `out = x / sqrt(mean(x²) + eps) · weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    // Accumulated in f64: O(hidden) work per token, and it keeps the norm's error below the
-    // matmuls' so results track the reference to the last bits that matter.
-    let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
-    let inv = (1.0 / (mean_sq + f64::from(eps)).sqrt()) as f32;
+    let inv = inv_rms(x, eps);
     for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * inv * w;
     }
@@ -15,11 +12,20 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// [`rms_norm`] in place over every `weight.len()`-long head of `x` (Qwen3's q/k norm: one
 /// weight vector shared by every head).
 pub fn head_rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
-    let mut head = vec![0.0; weight.len()];
-    for h in x.chunks_exact_mut(weight.len()) {
-        head.copy_from_slice(h);
-        rms_norm(&head, weight, eps, h);
+    for head in x.chunks_exact_mut(weight.len()) {
+        let inv = inv_rms(head, eps);
+        head.iter_mut()
+            .zip(weight)
+            .for_each(|(v, w)| *v = *v * inv * w);
     }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`. Accumulated in f64: O(hidden) work per token, and it keeps
+/// the norm's error below the matmuls' so results track the reference to the last bits
+/// that matter.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+    (1.0 / (mean_sq + f64::from(eps)).sqrt()) as f32
 }
 
 /// `x += residual; out = rms_norm(x)`: one pass over `x` for both.
