@@ -79,6 +79,7 @@ impl TensorSource for Synthetic {
             TensorId::LmHead | TensorId::Rope => return Ok(None),
             TensorId::QBias(_) | TensorId::KBias(_) | TensorId::VBias(_) => return Ok(None),
             TensorId::FinalNorm | TensorId::AttnNorm(_) | TensorId::FfnNorm(_) => (1, hidden, 0.0),
+            TensorId::QNorm(_) | TensorId::KNorm(_) => (1, c.head_dim, 0.0),
             TensorId::Q(_) => (q, hidden, 0.02),
             TensorId::K(_) | TensorId::V(_) => (kv, hidden, 0.02),
             TensorId::O(_) => (hidden, q, 0.02),

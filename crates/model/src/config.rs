@@ -18,12 +18,14 @@ use crate::gguf::GgufFile;
 mod refuse;
 
 /// The decoder architectures Tessera runs. They share one forward pass and differ in
-/// biases, tying and defaults.
+/// biases, tying, the per-head q/k norm and defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Mistral,
     Qwen2,
+    /// Qwen2 without q/k/v biases, with an RMSNorm over every q and k head before RoPE.
+    Qwen3,
 }
 
 /// Rotary position embedding settings.
@@ -106,6 +108,7 @@ impl ModelConfig {
             "llama" => Architecture::Llama,
             "mistral" => Architecture::Mistral,
             "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
             other => {
                 return Err(refuse::unsupported(
                     path,
@@ -193,6 +196,12 @@ impl ModelConfig {
             config.rope.pairing = RopePairing::Interleaved;
         }
         Ok(config)
+    }
+
+    /// Every q and k head is RMS-normalized (weights of `head_dim`) between its projection
+    /// and RoPE (Qwen3's `q_norm` / `k_norm`).
+    pub fn qk_norm(&self) -> bool {
+        self.architecture == Architecture::Qwen3
     }
 
     /// Query heads per KV head (grouped-query attention).
@@ -294,6 +303,7 @@ impl HfConfigSpec {
             "llama" | "llamaforcausallm" => Architecture::Llama,
             "mistral" | "mistralforcausallm" => Architecture::Mistral,
             "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
+            "qwen3" | "qwen3forcausallm" => Architecture::Qwen3,
             _ => {
                 let key = if self.model_type.is_some() {
                     "model_type"
@@ -380,11 +390,13 @@ impl HfConfigSpec {
         let theta = self
             .rope_theta
             .or_else(|| params?.get("rope_theta")?.as_f64().map(|v| v as f32))
-            .unwrap_or(if arch == Architecture::Qwen2 {
-                1_000_000.0
-            } else {
-                10_000.0
-            });
+            .unwrap_or(
+                if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) {
+                    1_000_000.0
+                } else {
+                    10_000.0
+                },
+            );
         let scaling_value = self
             .rope_scaling
             .as_ref()

@@ -16,6 +16,11 @@
 //!   append mode), so a layer is 8 launches (Llama and Qwen2 alike) when the attention
 //!   runs unsplit, 9 when it splits along the context (its reduce).
 //!
+//! A model with per-head q/k norms (Qwen3) runs the legacy path whatever `TESSERA_FUSED`
+//! says ([`KernelPath::serving`]): `rope_kv_write` and the attention's append rotate the
+//! projection's output directly, with no place for the norm. Its legacy layer adds one
+//! [`Launch::QkNorm`] (two `rmsnorm_residual_f32` launches over rows of `head_dim`).
+//!
 //! On either path a bf16 projection is one launch of the kernel [`Gemm`] names: cuBLAS,
 //! or with `TESSERA_GEMV=1` and a batch of at most [`GEMV_MAX_TOKENS`] tokens the GEMV of
 //! `gemv.cu` — one launch for one, so the counts do not change.
@@ -39,6 +44,12 @@ impl KernelPath {
             KernelPath::Legacy => "0",
             KernelPath::Fused => "1",
         }
+    }
+
+    /// The path a model runs when this one is asked for: the legacy one for a model with
+    /// per-head q/k norms (`qk_norm`), which the fused kernels do not apply.
+    pub fn serving(self, qk_norm: bool) -> KernelPath {
+        if qk_norm { KernelPath::Legacy } else { self }
     }
 
     /// The path a `TESSERA_FUSED` value names; unset or empty is the default.
@@ -177,6 +188,9 @@ pub enum Launch {
     Project(Proj, Gemm),
     /// `add_bias_f32` on a projection's output.
     AddBias(Proj),
+    /// Qwen3's per-head RMSNorm: `rmsnorm_residual_f32` (no residual add) over the rows of
+    /// `head_dim` of the q projection, then of the k projection, into q and k.
+    QkNorm,
     /// `rope_f32` on q and k.
     Rope,
     /// `kv_write_bf16`.
@@ -206,6 +220,7 @@ impl Launch {
         match self {
             Launch::Attention { reduce, .. } => 1 + u64::from(*reduce),
             Launch::AllReduce => 0,
+            Launch::QkNorm => 2,
             _ => 1,
         }
     }
@@ -219,6 +234,7 @@ impl Launch {
             Launch::Project(_, Gemm::Cublas) => "projection (cuBLAS GEMM)",
             Launch::Project(_, Gemm::Gemv) => "projection (bf16 GEMV)",
             Launch::AddBias(_) => "add_bias_f32",
+            Launch::QkNorm => "rmsnorm_residual_f32 (q/k heads)",
             Launch::Rope => "rope_f32",
             Launch::KvWrite => "kv_write_bf16",
             Launch::RopeKvWrite { .. } => "rope_kv_write",
@@ -263,6 +279,8 @@ pub struct LayerShape {
     pub decode: bool,
     /// The kernel of the bf16 projections of this pass ([`Gemm::for_tokens`]).
     pub gemm: Gemm,
+    /// Every q and k head is RMS-normalized before RoPE (Qwen3): the legacy path runs.
+    pub qk_norm: bool,
 }
 
 impl Biases {
@@ -281,7 +299,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         }
     };
     let b = shape.biases;
-    let fused = shape.path == KernelPath::Fused;
+    let fused = shape.path.serving(shape.qk_norm) == KernelPath::Fused;
     let append = fused && shape.grouped_attention && shape.decode;
     // Attention's half.
     if fused {
@@ -299,6 +317,9 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         for (p, on) in [(Proj::Q, b.q), (Proj::K, b.k), (Proj::V, b.v)] {
             plan.push(Launch::Project(p, shape.gemm));
             bias(&mut plan, on, p);
+        }
+        if shape.qk_norm {
+            plan.push(Launch::QkNorm);
         }
         plan.push(Launch::Rope);
         plan.push(Launch::KvWrite);
@@ -373,6 +394,33 @@ mod tests {
             tensor_parallel: false,
             decode: true,
             gemm: Gemm::Cublas,
+            qk_norm: false,
+        }
+    }
+
+    #[test]
+    fn a_qk_norm_model_runs_the_legacy_path_with_the_norm_before_rope() {
+        assert_eq!(KernelPath::Fused.serving(true), KernelPath::Legacy);
+        assert_eq!(KernelPath::Fused.serving(false), KernelPath::Fused);
+        for path in KernelPath::ALL {
+            let mut shape = decode(path, false, true, false);
+            shape.qk_norm = true;
+            let plan = layer_launches(&shape);
+            let legacy = layer_launches(&decode(KernelPath::Legacy, false, true, false));
+            assert!(!plan.iter().any(|l| matches!(l, Launch::RopeKvWrite { .. })));
+            assert!(!plan.contains(&Launch::Project(Proj::Qkv, Gemm::Cublas)));
+            let at = |plan: &[Launch], l: Launch| plan.iter().position(|x| *x == l).unwrap();
+            assert_eq!(
+                at(&plan, Launch::QkNorm) + 1,
+                at(&plan, Launch::Rope),
+                "{path}"
+            );
+            assert!(at(&plan, Launch::Project(Proj::K, Gemm::Cublas)) < at(&plan, Launch::QkNorm));
+            assert_eq!(
+                kernels_per_layer(&plan),
+                kernels_per_layer(&legacy) + 2,
+                "{path}"
+            );
         }
     }
 

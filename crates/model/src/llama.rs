@@ -1,6 +1,8 @@
 //! The Llama-family decoder (Touvron et al. 2023, <https://arxiv.org/abs/2302.13971>):
 //! pre-norm blocks of grouped-query attention with RoPE and a SwiGLU MLP. Mistral and
-//! Qwen2 are the same graph with other defaults (Qwen2: q/k/v biases, tied embeddings).
+//! Qwen2 are the same graph with other defaults (Qwen2: q/k/v biases, tied embeddings);
+//! Qwen3 (<https://arxiv.org/abs/2505.09388>) adds an RMSNorm over every q and k head
+//! between the projections and RoPE ([`head_rms_norm`]).
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
 //! their K/V into the paged cache, and returns the logits of the last token. This file is
@@ -16,7 +18,8 @@
 //! - embedding and LM head: its vocabulary rows. A token outside them embeds as zeros and
 //!   the all-reduce fills it in; each rank's logits are padded to `ceil(vocab / tp)` with
 //!   −∞, all-gathered, and un-padded, so every rank returns the full vocabulary;
-//! - norms: whole (replicated).
+//! - norms: whole (replicated), Qwen3's q/k norms too (one `head_dim` vector shared by every
+//!   head).
 //!
 //! Its KV cache holds only its own KV heads; attention maps local query head `h` to local
 //! KV head `h / (local heads / local KV heads)`, which is the right one both when KV heads
@@ -33,7 +36,7 @@ use tessera_comm::Collective;
 use tessera_kernels::activation::silu_mul;
 use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::matmul;
-use tessera_kernels::norm::{add_rms_norm, rms_norm};
+use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::RankPlan;
 
@@ -73,6 +76,9 @@ pub(crate) struct Layer {
     pub(crate) q: Linear,
     pub(crate) k: Linear,
     pub(crate) v: Linear,
+    /// Qwen3's per-head RMSNorm weights for q and k (`head_dim` each).
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) o: Linear,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) gate: Linear,
@@ -120,6 +126,12 @@ impl Layer {
             s.q.chunks_exact_mut(q_len)
                 .zip(s.k.chunks_exact_mut(kv_len));
         for (t, ((q, k), v)) in rows.zip(s.v.chunks_exact(kv_len)).enumerate() {
+            if let Some(w) = &self.q_norm {
+                head_rms_norm(q, w, c.rms_norm_eps);
+            }
+            if let Some(w) = &self.k_norm {
+                head_rms_norm(k, w, c.rms_norm_eps);
+            }
             pass.rope.apply(&pass.rope_tables, t, q);
             pass.rope.apply(&pass.rope_tables, t, k);
             cache.write(l, pass.tables[t], pass.positions[t], k, v);

@@ -183,6 +183,8 @@ const FIXTURES: &[&str] = &[
     "llama3-rope/model.F32.gguf",
     "mistral/model.F32.gguf",
     "qwen2-bias-tied/model.F32.gguf",
+    "qwen3/model.F32.gguf",
+    "qwen3/bf16",
 ];
 
 #[test]

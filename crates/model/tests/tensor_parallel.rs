@@ -191,18 +191,36 @@ fn check_variant(model: &str, variant: &str, tps: &[usize], failures: &mut Vec<S
 fn f32_fixtures_match_tp1_and_transformers_at_tp_2_and_4() {
     let mut failures = Vec::new();
     let mut runs = 0;
-    for model in ["llama-gqa", "llama3-rope", "mistral", "qwen2-bias-tied"] {
+    for model in [
+        "llama-gqa",
+        "llama3-rope",
+        "mistral",
+        "qwen2-bias-tied",
+        "qwen3",
+    ] {
         for variant in ["f32", "f32-sharded"] {
             if expected(model).variants.contains_key(variant) {
                 runs += check_variant(model, variant, &[2, 4], &mut failures);
             }
         }
     }
-    // 5 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
+    // 6 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
     assert_eq!(
-        runs, 10,
+        runs, 12,
         "fixtures missing or no longer split at tp 2 and 4?"
     );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Qwen3's q/k norm weights (`head_dim` each) are whole on every rank, read from GGUF too.
+#[test]
+fn qwen3_gguf_matches_tp1_and_transformers_at_tp_2_and_4() {
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for variant in ["gguf-F32", "gguf-BF16", "gguf-Q8_0"] {
+        runs += check_variant("qwen3", variant, &[2, 4], &mut failures);
+    }
+    assert_eq!(runs, 6, "qwen3 no longer splits at tp 2 and 4?");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

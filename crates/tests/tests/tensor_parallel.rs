@@ -54,6 +54,11 @@ fn qwen2_bias_tied() {
 }
 
 #[test]
+fn qwen3() {
+    same_tokens_at_every_tp("qwen3");
+}
+
+#[test]
 fn smollm2_tp3_matches_tp1() {
     let Some(path) = demo_model() else { return };
     let groups = [

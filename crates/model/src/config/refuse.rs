@@ -2,7 +2,7 @@
 //! [`ModelError::Unsupported`] that names the file, the key and what is supported: mixtures of
 //! experts, activations other than SiLU, MLP biases, pre-quantized HuggingFace checkpoints (FP8
 //! and the like), rope scaling types other than linear and llama3, and model classes other than
-//! the three causal LMs. A model is never run with a part of its config silently ignored.
+//! the four causal LMs. A model is never run with a part of its config silently ignored.
 //!
 //! A sliding attention window is honoured instead of refused: the served context is cut to the
 //! window, and over a sequence no longer than the window, sliding-window attention attends to
@@ -18,10 +18,11 @@ use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
 /// The architectures Tessera runs (`model_type` in `config.json`, `general.architecture` in GGUF).
-pub(super) const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2";
+pub(super) const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3";
 
 /// The HuggingFace model classes Tessera runs (`architectures` in `config.json`).
-const SUPPORTED_CLASSES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+const SUPPORTED_CLASSES: &str =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
 /// `config.json` keys that switch on features outside the dense Llama-family forward pass.
 #[derive(Debug, Default, Deserialize)]
@@ -34,7 +35,7 @@ pub(super) struct HfFeatureSpec {
     n_routed_experts: Option<u64>,
     quantization_config: Option<Value>,
     sliding_window: Option<u64>,
-    /// Qwen2 only slides when this is true; Mistral slides whenever `sliding_window` is set.
+    /// Qwen2 and Qwen3 only slide when this is true; Mistral slides whenever `sliding_window` is set.
     use_sliding_window: Option<bool>,
 }
 
@@ -80,7 +81,7 @@ impl HfFeatureSpec {
     pub(super) fn sliding_window(&self, arch: Architecture) -> Option<usize> {
         let slides = match arch {
             Architecture::Mistral => true,
-            Architecture::Qwen2 => self.use_sliding_window == Some(true),
+            Architecture::Qwen2 | Architecture::Qwen3 => self.use_sliding_window == Some(true),
             Architecture::Llama => false,
         };
         self.sliding_window.filter(|_| slides).map(|w| w as usize)
@@ -159,6 +160,8 @@ mod tests {
         assert_eq!(off.sliding_window(Architecture::Qwen2), None);
         let on = spec(r#"{"sliding_window": 16, "use_sliding_window": true}"#);
         assert_eq!(on.sliding_window(Architecture::Qwen2), Some(16));
+        assert_eq!(on.sliding_window(Architecture::Qwen3), Some(16));
+        assert_eq!(off.sliding_window(Architecture::Qwen3), None);
         let mistral = spec(r#"{"sliding_window": 16}"#);
         assert_eq!(mistral.sliding_window(Architecture::Mistral), Some(16));
         assert_eq!(mistral.sliding_window(Architecture::Llama), None);

@@ -127,6 +127,9 @@ pub(crate) struct Widths {
     pub(crate) inter: usize,
     /// q, k and v come out of one stacked projection (the fused path).
     pub(crate) stacked_qkv: bool,
+    /// q and k are RMS-normalized per head before RoPE (Qwen3): their projections write
+    /// `q_pre` / `k_pre`, the norm writes `q` / `k`.
+    pub(crate) qk_norm: bool,
 }
 
 /// The activations of a pass over `tokens` tokens.
@@ -143,6 +146,9 @@ pub(crate) struct Scratch {
     pub(crate) q: CudaSlice<f32>,
     pub(crate) k: CudaSlice<f32>,
     pub(crate) v: CudaSlice<f32>,
+    /// The q and k projections' outputs before the per-head norm (Qwen3 only).
+    pub(crate) q_pre: Option<CudaSlice<f32>>,
+    pub(crate) k_pre: Option<CudaSlice<f32>>,
     /// The stacked q|k|v projection's output (the fused path only).
     pub(crate) qkv: Option<CudaSlice<f32>>,
     pub(crate) attn: CudaSlice<f32>,
@@ -167,6 +173,8 @@ impl Scratch {
             q: ops.alloc(tokens * w.q)?,
             k: ops.alloc(tokens * w.kv)?,
             v: ops.alloc(tokens * w.kv)?,
+            q_pre: w.qk_norm.then(|| ops.alloc(tokens * w.q)).transpose()?,
+            k_pre: w.qk_norm.then(|| ops.alloc(tokens * w.kv)).transpose()?,
             qkv: if w.stacked_qkv {
                 Some(ops.alloc(tokens * (w.q + 2 * w.kv))?)
             } else {

@@ -96,6 +96,7 @@ impl CudaLlama {
             tensor_parallel: tp,
             decode,
             gemm: self.gemm.for_tokens(tokens),
+            qk_norm: self.config.qk_norm(),
         }
     }
 
@@ -201,6 +202,18 @@ impl CudaLlama {
                 })?;
                 ops.add_bias(io(s, p)?.1, bias)?;
             }
+            Launch::QkNorm => {
+                let norm = layer.qk_norm.as_ref().ok_or_else(|| ModelError::Plan {
+                    message: "the launch plan asks for q/k norms the model does not have".into(),
+                })?;
+                let missing = || ModelError::Plan {
+                    message: "the q/k norm's input buffers are missing".into(),
+                };
+                let q_pre = s.q_pre.as_mut().ok_or_else(missing)?;
+                ops.rmsnorm_residual(&mut s.q, q_pre, None, &norm[0], eps)?;
+                let k_pre = s.k_pre.as_mut().ok_or_else(missing)?;
+                ops.rmsnorm_residual(&mut s.k, k_pre, None, &norm[1], eps)?;
+            }
             Launch::Rope => ops.rope(
                 &mut s.q,
                 &mut s.k,
@@ -298,6 +311,8 @@ fn io(s: &mut Scratch, p: Proj) -> Result<(Input<'_>, &mut CudaSlice<f32>), Mode
         q,
         k,
         v,
+        q_pre,
+        k_pre,
         qkv,
         o,
         gate_up,
@@ -308,8 +323,9 @@ fn io(s: &mut Scratch, p: Proj) -> Result<(Input<'_>, &mut CudaSlice<f32>), Mode
         bf16: &*h16,
     };
     Ok(match p {
-        Proj::Q => (hidden, q),
-        Proj::K => (hidden, k),
+        // With per-head q/k norms the projections write the norm's input.
+        Proj::Q => (hidden, q_pre.as_mut().unwrap_or(q)),
+        Proj::K => (hidden, k_pre.as_mut().unwrap_or(k)),
         Proj::V => (hidden, v),
         Proj::Qkv => (hidden, qkv.as_mut().ok_or_else(no_qkv)?),
         Proj::O => (

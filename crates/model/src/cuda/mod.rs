@@ -78,6 +78,8 @@ impl AttnIn {
 struct DeviceLayer {
     attn_norm: CudaSlice<f32>,
     attn_in: AttnIn,
+    /// Qwen3's per-head q and k norm weights (`head_dim` each).
+    qk_norm: Option<Box<[CudaSlice<f32>; 2]>>,
     o: DeviceLinear,
     ffn_norm: CudaSlice<f32>,
     /// gate_proj and up_proj stacked: each token's output is its gate rows, then its up rows.
@@ -195,6 +197,8 @@ impl CudaLlama {
         device: Arc<CudaDevice>,
         path: KernelPath,
     ) -> Result<CudaLlama, ModelError> {
+        // The fused kernels apply no q/k norm (the log below names the path that runs).
+        let path = path.serving(llama.config.qk_norm());
         let requested = attention_from_env()?;
         let gemm = gemm_from_env()?;
         let stream = device
@@ -228,9 +232,14 @@ impl CudaLlama {
                     true,
                 )?),
             };
+            let qk_norm = match (&layer.q_norm, &layer.k_norm) {
+                (Some(q), Some(k)) => Some(Box::new([ops.upload(q)?, ops.upload(k)?])),
+                _ => None,
+            };
             layers.push(DeviceLayer {
                 attn_norm: ops.upload(&layer.attn_norm)?,
                 attn_in,
+                qk_norm,
                 o: DeviceLinear::upload(&ops, &[&layer.o], true)?,
                 ffn_norm: ops.upload(&layer.ffn_norm)?,
                 gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], true)?,
@@ -305,7 +314,8 @@ impl CudaLlama {
             .map(|l| {
                 let mut projections = l.attn_in.projections();
                 projections.extend([&l.o, &l.gate_up, &l.down]);
-                4 * (l.attn_norm.len() + l.ffn_norm.len())
+                let qk_norm = l.qk_norm.as_ref().map_or(0, |n| n[0].len() + n[1].len());
+                4 * (l.attn_norm.len() + l.ffn_norm.len() + qk_norm)
                     + projections.iter().map(|p| p.device_bytes()).sum::<usize>()
             })
             .sum();
@@ -491,6 +501,7 @@ impl CudaLlama {
             kv: self.kv_heads * c.head_dim,
             inter: self.sharding.plan.mlp_rows.len(),
             stacked_qkv: self.path == KernelPath::Fused,
+            qk_norm: c.qk_norm(),
         }
     }
 

@@ -35,8 +35,14 @@ impl Slicer<'_> {
         Ok(w)
     }
 
-    fn norm(&mut self, id: TensorId, hidden: usize) -> Result<Vec<f32>, ModelError> {
-        self.whole(id, 1, hidden)?.to_f32()
+    fn norm(&mut self, id: TensorId, len: usize) -> Result<Vec<f32>, ModelError> {
+        self.whole(id, 1, len)?.to_f32()
+    }
+
+    /// A per-head norm (Qwen3's q/k norm) when the config has one: `head_dim` weights that
+    /// every head shares, so every rank holds them whole whatever heads it owns.
+    fn head_norm(&mut self, id: TensorId, c: &ModelConfig) -> Result<Option<Vec<f32>>, ModelError> {
+        c.qk_norm().then(|| self.norm(id, c.head_dim)).transpose()
     }
 
     /// Rows `take` of the `rows × cols` tensor `id`, borrowed from the map.
@@ -139,6 +145,8 @@ impl Slicer<'_> {
                 (kv_rows, hidden),
                 plan.kv_rows(hd),
             )?,
+            q_norm: self.head_norm(TensorId::QNorm(l), c)?,
+            k_norm: self.head_norm(TensorId::KNorm(l), c)?,
             o: self.row_parallel(TensorId::O(l), (hidden, q_rows), plan.q_rows(hd))?,
             ffn_norm: self.norm(TensorId::FfnNorm(l), hidden)?,
             gate: self.column_parallel(

@@ -70,7 +70,7 @@ pub(super) fn worst_within_a_percent(what: &str, want: &[Vec<f32>], got: &[Vec<f
 
 /// `body` on each fixture the in-model comparisons run on (f32 Llama with GQA, a Q4_K one
 /// whose matvecs read f32 rows, llama3 RoPE, Mistral, Qwen2 with q/k/v biases and tied
-/// embeddings), loaded; one missing from fixtures/models is skipped, with a line.
+/// embeddings, Qwen3 with per-head q/k norms), loaded; one missing from fixtures/models is skipped, with a line.
 pub(super) fn for_each_fixture(mut body: impl FnMut(&str, &Llama)) {
     let fixtures = [
         "llama-gqa/model.F32.gguf",
@@ -78,6 +78,7 @@ pub(super) fn for_each_fixture(mut body: impl FnMut(&str, &Llama)) {
         "llama3-rope/model.F32.gguf",
         "mistral/model.F32.gguf",
         "qwen2-bias-tied/model.F32.gguf",
+        "qwen3/model.F32.gguf",
     ];
     for fixture in fixtures {
         let path = repo_root().join("fixtures/models").join(fixture);
