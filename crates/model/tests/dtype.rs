@@ -34,19 +34,25 @@ struct PromptResult {
     greedy: Vec<u32>,
 }
 
-fn model_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama-gqa")
+fn model_dir(model: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(model)
 }
 
-fn expected() -> Expected {
-    let text = std::fs::read_to_string(model_dir().join("expected.json")).unwrap();
+fn expected(model: &str) -> Expected {
+    let text = std::fs::read_to_string(model_dir(model).join("expected.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
-fn load(file: &str, dtype: ModelDtype) -> Llama {
-    let mut llama = load_weights(&model_dir().join(file)).unwrap();
+fn load_model(model: &str, file: &str, dtype: ModelDtype) -> Llama {
+    let mut llama = load_weights(&model_dir(model).join(file)).unwrap();
     llama.hold_as(dtype).unwrap();
     llama
+}
+
+fn load(file: &str, dtype: ModelDtype) -> Llama {
+    load_model("llama-gqa", file, dtype)
 }
 
 /// Greedy tokens and last-position logits of each prompt.
@@ -68,11 +74,19 @@ fn run(llama: &Llama, prompts: &[Vec<u32>], tokens: usize) -> Vec<(Vec<u32>, Vec
 
 #[test]
 fn f32_weights_held_as_bf16_compute_what_the_bf16_file_does() {
-    let expected = expected();
+    // Qwen3 has per-head q/k norm weights too.
+    for model in ["llama-gqa", "qwen3"] {
+        let prompts = expected(model).prompts;
+        let held = run(&load_model(model, "f32", ModelDtype::Bf16), &prompts, 8);
+        let stored = run(&load_model(model, "bf16", ModelDtype::Auto), &prompts, 8);
+        assert_eq!(
+            held, stored,
+            "{model}: f32 held as bf16 against the bf16 file"
+        );
+    }
+    let expected = expected("llama-gqa");
     let prompts = &expected.prompts;
     let held = run(&load("f32", ModelDtype::Bf16), prompts, 8);
-    let stored = run(&load("bf16", ModelDtype::Auto), prompts, 8);
-    assert_eq!(held, stored, "f32 held as bf16 against the bf16 file");
     let auto = run(&load("f32", ModelDtype::Auto), prompts, 8);
     assert_ne!(auto, held, "holding as bf16 changes the logits");
     let f16 = run(&load("f32", ModelDtype::F16), prompts, 24);
@@ -83,7 +97,7 @@ fn f32_weights_held_as_bf16_compute_what_the_bf16_file_does() {
 
 #[test]
 fn quantized_files_held_as_f32_match_transformers_within_the_f32_tolerance() {
-    let expected = expected();
+    let expected = expected("llama-gqa");
     for (variant, file) in [
         ("gguf-Q8_0", "model.Q8_0.gguf"),
         ("gguf-Q4_1", "model.Q4_1.gguf"),

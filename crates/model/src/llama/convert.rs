@@ -50,6 +50,9 @@ impl Llama {
         for layer in &mut self.layers {
             round_all(&mut layer.attn_norm);
             round_all(&mut layer.ffn_norm);
+            for norm in [&mut layer.q_norm, &mut layer.k_norm].into_iter().flatten() {
+                round_all(norm);
+            }
             for linear in [&mut layer.q, &mut layer.k, &mut layer.v, &mut layer.o] {
                 if let Some(bias) = &mut linear.bias {
                     round_all(bias);
