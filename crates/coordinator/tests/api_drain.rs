@@ -83,8 +83,14 @@ async fn a_drain_refuses_new_requests_and_counts_the_stream_in_flight_until_it_e
     assert!(message.contains("draining"), "{message}");
     assert_eq!(refused.body["error"]["code"], "draining");
     assert_eq!(refused.headers[header::RETRY_AFTER], "2");
+    assert_eq!(
+        refused.headers[header::CONNECTION],
+        "close",
+        "no retry down this connection"
+    );
     let ready = get(app.clone(), "/ready").await;
     assert_eq!(ready.status, 503);
+    assert_eq!(ready.headers[header::CONNECTION], "close");
     assert_eq!(ready.body, json!({"status": "draining", "in_flight": 1}));
     // The process is alive.
     assert_eq!(get(app.clone(), "/health").await.status, 200);

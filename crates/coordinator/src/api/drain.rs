@@ -4,6 +4,9 @@
 //! - `/ready` answers 503 (`"status": "draining"`), so load balancers take the peer out;
 //! - new inference requests (completions, chat, stream resumes) get 503 with `code:
 //!   draining` and `Retry-After: 2`, those forwarded to it by other peers included;
+//! - both refusals carry `Connection: close`, so a client does not send its retry down a
+//!   kept-alive connection to this peer, which it closes when it stops (the request would
+//!   meet a closed connection, unanswered, instead of a refused one);
 //! - the requests in flight run to their end, streams included.
 //!
 //! [`Drain`] is the state: the flag and the count of requests in flight, kept by
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -121,16 +124,24 @@ pub async fn admit(State(drain): State<Arc<Drain>>, request: Request, next: Next
     let state = drain.state();
     if path == "/ready" && state.draining {
         let body = serde_json::json!({"status": "draining", "in_flight": state.in_flight});
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        return closing((StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response());
     }
     if !is_inference(request.method(), path) {
         return next.run(request).await;
     }
     let Some(in_flight) = drain.enter() else {
         ::metrics::counter!(names::API_SHED, "reason" => "draining").increment(1);
-        return refusal().into_response();
+        return closing(refusal().into_response());
     };
     hold_until_end(next.run(request).await, in_flight)
+}
+
+/// `response`, after which the connection closes.
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// What `GET` and `POST /v1/admin/drain` answer.
