@@ -8,41 +8,19 @@
 //!   transformers on those weights within the f32 tolerance (1.5e-4; observed 1.1e-4 and
 //!   5.9e-5, against 8.8e-5 and 1.2e-4 for the quantized kernels on the same files).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde::Deserialize;
 use tessera_kernels::sampling::SamplingParams;
 use tessera_model::generate::{GenerationRequest, generate};
 use tessera_model::llama::Llama;
 use tessera_model::loader::load_weights;
 use tessera_topology::ModelDtype;
 
-#[derive(Deserialize)]
-struct Expected {
-    prompts: Vec<Vec<u32>>,
-    variants: std::collections::BTreeMap<String, Variant>,
-}
-
-#[derive(Deserialize)]
-struct Variant {
-    results: Vec<PromptResult>,
-}
-
-#[derive(Deserialize)]
-struct PromptResult {
-    last_logits: Vec<f32>,
-    greedy: Vec<u32>,
-}
+mod common;
+use common::{expected, fixtures};
 
 fn model_dir(model: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/models")
-        .join(model)
-}
-
-fn expected(model: &str) -> Expected {
-    let text = std::fs::read_to_string(model_dir(model).join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    fixtures().join(model)
 }
 
 fn load_model(model: &str, file: &str, dtype: ModelDtype) -> Llama {

@@ -6,36 +6,12 @@
 //! and 24 greedy tokens, computed on exactly the weights that variant stores. Tessera must
 //! produce the same greedy tokens and logits within [`tolerance`].
 
-use std::path::{Path, PathBuf};
-
-use serde::Deserialize;
 use tessera_kernels::sampling::SamplingParams;
 use tessera_model::generate::{GenerationRequest, generate};
 use tessera_model::loader::load_weights;
 
-#[derive(Deserialize)]
-struct Expected {
-    prompts: Vec<Vec<u32>>,
-    variants: std::collections::BTreeMap<String, Variant>,
-}
-
-#[derive(Deserialize)]
-struct Variant {
-    /// `None` for a reference whose weights are not stored (llama-kquant's f32).
-    file: Option<String>,
-    results: Vec<PromptResult>,
-}
-
-#[derive(Deserialize)]
-struct PromptResult {
-    last_logits: Vec<f32>,
-    greedy: Vec<u32>,
-    min_top2_margin: f32,
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models")
-}
+mod common;
+use common::{Expected, fixtures};
 
 /// Largest allowed |logit − transformers| per variant. Every reference is float32 math on
 /// the variant's own weights, so only summation order differs. These fixtures' logits reach

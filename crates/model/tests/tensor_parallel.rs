@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use tessera_comm::collective::CollectiveConfig;
 use tessera_comm::collective::local::LocalGroup;
 use tessera_comm::{Collective, Solo};
@@ -30,6 +29,9 @@ use tessera_model::generate::{GenerationRequest, generate_in_group};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqCache};
 use tessera_model::{ModelConfig, ModelError, loader};
 use tessera_topology::plan_group;
+
+mod common;
+use common::{expected, fixtures};
 
 /// Largest allowed |logit(tp) − logit(tp = 1)|. Only the order of the sums differs: the
 /// row-parallel projections add tp partial sums instead of one. The fixtures' logits reach
@@ -43,34 +45,8 @@ const SMOLLM2_LOGIT_TOLERANCE: f32 = 5e-4;
 /// busy CI machine; a real hang still fails the test.
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
 
-#[derive(Deserialize)]
-struct Expected {
-    prompts: Vec<Vec<u32>>,
-    variants: std::collections::BTreeMap<String, Variant>,
-}
-
-#[derive(Deserialize)]
-struct Variant {
-    file: Option<String>,
-    results: Vec<PromptResult>,
-}
-
-#[derive(Deserialize)]
-struct PromptResult {
-    greedy: Vec<u32>,
-}
-
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixtures() -> PathBuf {
-    repo_root().join("fixtures/models")
-}
-
-fn expected(model: &str) -> Expected {
-    let text = std::fs::read_to_string(fixtures().join(model).join("expected.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
 }
 
 /// What one rank saw for one prompt.
