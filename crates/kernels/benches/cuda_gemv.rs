@@ -15,7 +15,6 @@
 #![allow(clippy::print_stdout)] // a report for people: stdout is its output
 
 use std::sync::Arc;
-use tessera_kernels::report::{Field, result_line};
 
 use cudarc::driver::sys::CUevent_flags;
 use tessera_kernels::cuda::device::driver_present;
@@ -97,7 +96,10 @@ fn main() {
         TARGET * copy,
         TARGET * 100.0
     );
-    println!("{}", result_line("copy", &[("gb_s", Field::Number(copy))]));
+    println!(
+        "RESULT {}",
+        serde_json::json!({"kind": "copy", "gb_s": copy})
+    );
     println!(
         "  projection        rows × cols  tokens  GEMV µs  GEMV GB/s  of copy  cuBLAS µs  cuBLAS GB/s  of copy  GEMV ≥ {:.0}%",
         TARGET * 100.0
@@ -140,19 +142,14 @@ fn main() {
                     "NO"
                 }
             );
-            let shape = format!("{rows}x{cols}");
-            let fields = [
-                ("projection", Field::Text(name)),
-                ("shape", Field::Text(&shape)),
-                ("tokens", Field::Number(tokens as f64)),
-                ("gemv_us", Field::Number(gemv * 1e6)),
-                ("gemv_gb_s", Field::Number(gemv_gbs)),
-                ("gemv_of_copy", Field::Number(gemv_gbs / copy)),
-                ("cublas_us", Field::Number(cublas * 1e6)),
-                ("cublas_gb_s", Field::Number(cublas_gbs)),
-                ("cublas_of_copy", Field::Number(cublas_gbs / copy)),
-            ];
-            println!("{}", result_line("gemv", &fields));
+            // For scripts/gpu-report.py: the same row, as JSON.
+            let row = serde_json::json!({
+                "kind": "gemv", "projection": name, "shape": format!("{rows}x{cols}"),
+                "tokens": tokens, "gemv_us": gemv * 1e6, "gemv_gb_s": gemv_gbs,
+                "gemv_of_copy": gemv_gbs / copy, "cublas_us": cublas * 1e6,
+                "cublas_gb_s": cublas_gbs, "cublas_of_copy": cublas_gbs / copy,
+            });
+            println!("RESULT {row}");
         }
     }
     println!(

@@ -30,7 +30,6 @@ pub mod matmul;
 pub mod mmap;
 pub mod norm;
 pub mod quant;
-pub mod report;
 pub mod rope;
 pub mod sampling;
 #[cfg(target_os = "linux")]

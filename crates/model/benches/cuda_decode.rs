@@ -24,7 +24,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_kernels::report::{Field, result_line};
 
 use tessera_comm::Solo;
 use tessera_kernels::DType;
@@ -362,37 +361,17 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             rate / 1e9,
             100.0 * rate / peak
         );
-        let (attention, path, gemm) = (attention.to_string(), path.to_string(), gemm.to_string());
-        let fields = [
-            ("model", Field::Text(name)),
-            ("attention", Field::Text(&attention)),
-            ("launches_path", Field::Text(&path)),
-            ("gemm", Field::Text(&gemm)),
-            ("batch", Field::Number(batch as f64)),
-            (
-                "mode",
-                Field::Text(if mode.graphs { "graph" } else { "eager" }),
-            ),
-            (
-                "sampling",
-                Field::Text(if mode.device_sampling {
-                    "device"
-                } else {
-                    "host"
-                }),
-            ),
-            ("ms_step", Field::Number(per_step * 1e3)),
-            (
-                "host_us_step",
-                Field::Number(timed.host.as_secs_f64() * 1e6),
-            ),
-            ("tok_s", Field::Number(batch as f64 / per_step)),
-            ("launches_step", Field::Number(kv.last_launches() as f64)),
-            ("allocs_step", Field::Number(kv.last_allocations() as f64)),
-            ("gb_s", Field::Number(rate / 1e9)),
-            ("of_peak", Field::Number(rate / peak)),
-        ];
-        println!("{}", result_line("decode", &fields));
+        // For scripts/gpu-report.py: the same row, as JSON (a NaN is written null).
+        let row = serde_json::json!({
+            "kind": "decode", "model": name, "attention": attention.to_string(),
+            "launches_path": path.to_string(), "gemm": gemm.to_string(), "batch": batch,
+            "mode": if mode.graphs { "graph" } else { "eager" },
+            "sampling": if mode.device_sampling { "device" } else { "host" },
+            "ms_step": per_step * 1e3, "host_us_step": timed.host.as_secs_f64() * 1e6,
+            "tok_s": batch as f64 / per_step, "launches_step": kv.last_launches(),
+            "allocs_step": kv.last_allocations(), "gb_s": rate / 1e9, "of_peak": rate / peak,
+        });
+        println!("RESULT {row}");
     }
 }
 
