@@ -4,8 +4,7 @@
 gpu-check.sh runs each step under a heading line (`== ...`). Within a step, the test
 binaries print `test result: ok. N passed; M failed; ...`, and the benchmarks print one
 `RESULT {json}` line per measured row (`crates/model/benches/cuda_decode.rs`,
-`crates/kernels/benches/cuda_gemv.rs`) next to
-their own tables. This collects, per heading, the tests' counts and the results, and:
+`crates/kernels/benches/cuda_gemv.rs`) next to their own tables. This collects, per heading, the tests' counts and the results, and:
 
   - prints one summary: each step with its test counts, then the decode throughput
     (graphed, by batch and sampling) of every variant, and the GEMV's share of the copy

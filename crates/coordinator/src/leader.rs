@@ -29,7 +29,7 @@ use crate::error::CoordinatorError;
 use crate::group::driver::{EpochJournal, Limits};
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, Member, ModelRecord};
+use crate::replication::state::{Command, Journaled, Member, ModelRecord, Summary};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
@@ -153,9 +153,8 @@ impl Leadership {
                     term: role.term,
                     cluster: cluster.clone(),
                 }));
-                for (name, group) in &self.node.summary().borrow().groups {
-                    cluster.set_drained(name, group.drained);
-                }
+                // Before any request is routed; then as every committed change says.
+                set_drains(&cluster, &self.node.summary().borrow());
                 tokio::spawn(self.clone().follow_drains(cluster.clone(), role.term));
                 tokio::spawn(self.clone().resume_open(cluster));
                 tokio::spawn(self.clone().record_models());
@@ -376,10 +375,7 @@ impl Leadership {
     async fn follow_drains(self, cluster: Cluster, term: Term) {
         let mut summary = self.node.summary();
         loop {
-            let groups = summary.borrow_and_update().groups.clone();
-            for (name, record) in &groups {
-                cluster.set_drained(name, record.drained);
-            }
+            set_drains(&cluster, &summary.borrow_and_update());
             if summary.changed().await.is_err() || self.leading().is_none_or(|l| l.term != term) {
                 return;
             }
@@ -436,4 +432,11 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Routing as `summary` says: each group drained or not.
+fn set_drains(cluster: &Cluster, summary: &Summary) {
+    for (name, group) in &summary.groups {
+        cluster.set_drained(name, group.drained);
+    }
 }

@@ -28,8 +28,6 @@
 mod convert;
 mod load;
 
-pub use convert::held_type;
-
 use std::ops::Range;
 
 use tessera_comm::Collective;

@@ -14,7 +14,7 @@ use crate::error::ModelError;
 use crate::weights::Weight;
 
 /// The type `dtype` holds weights in; `None` for `auto` (the file's).
-pub fn held_type(dtype: ModelDtype) -> Option<DType> {
+fn held_type(dtype: ModelDtype) -> Option<DType> {
     match dtype {
         ModelDtype::Auto => None,
         ModelDtype::F32 => Some(DType::F32),
