@@ -170,9 +170,12 @@ struct Tally {
 }
 
 /// One streamed request, retried on another peer while it is refused before it starts:
-/// 503 (a draining peer, no leader yet) or a refused connection (a peer that stopped).
-/// Anything else is a failure: a stream cut after it began (its client has tokens already
-/// and cannot simply retry), an interrupted request, a wrong answer.
+/// 503 (a draining peer, no leader yet), a refused connection (a peer that stopped), or a
+/// connection reset or closed before any answer (a peer closing its listener as it stops:
+/// connections the kernel queued but the server never took are reset, and a draining peer
+/// runs no request it has not answered). Anything else is a failure: a stream cut after
+/// it began (its client has tokens already and cannot simply retry), an interrupted
+/// request, a wrong answer.
 fn request_until_served(urls: &[String], first: usize, tally: &Mutex<Tally>) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -207,7 +210,7 @@ fn request_until_served(urls: &[String], first: usize, tally: &Mutex<Tally>) {
                     return fail(format!("{url}: {status} {body}"));
                 }
             }
-            Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(ureq::Error::Io(e)) if unanswered(e.kind()) => {}
             Err(ureq::Error::ConnectionFailed) => {}
             Err(error) => return fail(format!("{url}: {error}")),
         }
@@ -279,4 +282,14 @@ fn a_rolling_restart_of_three_peers_under_load_fails_no_request() {
         cluster.logs()
     );
     assert!(tally.completed >= 20, "too little load: {tally:?}");
+}
+
+/// Connection errors before any answer: the peer refused the connection, or reset or closed
+/// it before writing a response (ureq says "Peer disconnected" for the latter).
+fn unanswered(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof
+    )
 }
