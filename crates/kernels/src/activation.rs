@@ -1,10 +1,21 @@
-//! The gated MLP activation: `silu(gate) · up` (SwiGLU, Shazeer 2020,
-//! <https://arxiv.org/abs/2002.05202>).
+//! The gated MLP activations (Shazeer 2020, <https://arxiv.org/abs/2002.05202>):
+//! `silu(gate) · up` (SwiGLU) and `gelu_tanh(gate) · up` (GeGLU, Gemma).
 
 /// `gate[i] = silu(gate[i]) · up[i]` where `silu(x) = x · sigmoid(x)`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate[i] = gelu_tanh(gate[i]) · up[i]`, GELU's tanh approximation as torch computes
+/// it (`approximate="tanh"`): `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const K: f32 = 0.797_884_6; // √(2/π)
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = K * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
     }
 }
 
@@ -25,6 +36,25 @@ mod tests {
         super::silu_mul(&mut g, &u);
         for (a, b) in g.iter().zip(expect) {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_torch_values() {
+        // torch.nn.functional.gelu(x, approximate="tanh") in float64.
+        let x = [-3.0f32, -1.0, -0.1, 0.0, 0.5, 2.0];
+        let torch = [
+            -0.003_637_392_081_773,
+            -0.158_808_009_391_723,
+            -0.046_017_248_954_865,
+            0.0,
+            0.345_714_009_825_144,
+            1.954_597_694_087_775,
+        ];
+        let mut g = x.to_vec();
+        super::gelu_tanh_mul(&mut g, &[1.0; 6]);
+        for (a, b) in g.iter().zip(torch) {
+            assert!((f64::from(*a) - b).abs() <= 1e-6, "{a} vs {b}");
         }
     }
 }

@@ -4,6 +4,11 @@
 //! One layer's cache is a pool of blocks; a block holds `block_size` positions, each with
 //! `kv_heads × head_dim` values, for K and V separately. A sequence's block table lists its
 //! blocks in position order. Query heads share KV heads in groups (GQA).
+//!
+//! [`AttentionParams`] carries what differs between architectures: the logit scale, Gemma 2's
+//! soft cap on the logits, and a sliding window (Mistral, Gemma 2's alternate layers) that
+//! limits each token to the last `window` positions, itself included — transformers'
+//! `kv_idx > q_idx - sliding_window`.
 
 use rayon::prelude::*;
 
@@ -39,50 +44,89 @@ pub struct PagedKv<'a> {
     pub v: &'a [f32],
 }
 
+/// How one layer's attention turns q·k into weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Multiplies q·k: `1/√head_dim`, or Gemma 2's `query_pre_attn_scalar^-½`.
+    pub scale: f32,
+    /// Gemma 2's soft cap: a scaled logit `s` becomes `cap · tanh(s / cap)`.
+    pub softcap: Option<f32>,
+    /// A token sees only the last `window` positions, its own included.
+    pub window: Option<usize>,
+}
+
+impl AttentionParams {
+    /// Plain causal attention over heads of `head_dim` values.
+    pub fn causal(head_dim: usize) -> AttentionParams {
+        AttentionParams {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The positions a token that sees `0..visible` attends to under the window.
+    pub fn span(&self, visible: usize) -> std::ops::Range<usize> {
+        let first = self.window.map_or(0, |w| visible.saturating_sub(w));
+        first..visible
+    }
+
+    /// The logit of a raw q·k.
+    #[inline]
+    fn logit(&self, dot: f32) -> f32 {
+        let s = dot * self.scale;
+        match self.softcap {
+            Some(cap) => (s / cap).tanh() * cap,
+            None => s,
+        }
+    }
+}
+
 /// Attention for `n` query tokens, of one or many sequences.
 ///
 /// `q` holds `n × heads × head_dim` values; token `t` attends to positions
-/// `0..visible[t]` of the sequence whose block table is `tables[t]` (causal prefill:
-/// `visible[t] = pos_t + 1`). `out` has q's shape. Every (token, head) is computed on its
-/// own, in the same order whatever else is in the batch: results are batch invariant.
+/// `params.span(visible[t])` of the sequence whose block table is `tables[t]` (causal
+/// prefill: `visible[t] = pos_t + 1`). `out` has q's shape. Every (token, head) is computed
+/// on its own, in the same order whatever else is in the batch: results are batch invariant.
 pub fn paged_attention(
     q: &[f32],
     kv: &PagedKv<'_>,
     tables: &[&[u32]],
     visible: &[usize],
     heads: usize,
+    params: &AttentionParams,
     out: &mut [f32],
 ) {
     let hd = kv.layout.head_dim;
     let group = heads / kv.layout.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     out.par_chunks_mut(hd)
         .zip(q.par_chunks(hd))
         .enumerate()
         .for_each_init(Vec::new, |scores, (i, (o, qh))| {
             let (t, h) = (i / heads, i % heads);
-            attend_head(qh, kv, tables[t], visible[t], h / group, scale, scores, o);
+            let span = params.span(visible[t]);
+            attend_head(qh, kv, tables[t], span, h / group, params, scores, o);
         });
 }
 
-/// One query head against positions `0..len` of one KV head.
+/// One query head against positions `span` of one KV head.
 #[allow(clippy::too_many_arguments)] // the hot inner call: a struct would be rebuilt per head
 fn attend_head(
     q: &[f32],
     kv: &PagedKv<'_>,
     block_table: &[u32],
-    len: usize,
+    span: std::ops::Range<usize>,
     kv_head: usize,
-    scale: f32,
+    params: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let hd = kv.layout.head_dim;
     scores.clear();
     let mut max = f32::NEG_INFINITY;
-    for pos in 0..len {
+    for pos in span.clone() {
         let at = kv.layout.offset(block_table, pos, kv_head);
-        let s = dot_f32(q, &kv.k[at..at + hd]) * scale;
+        let s = params.logit(dot_f32(q, &kv.k[at..at + hd]));
         max = max.max(s);
         scores.push(s);
     }
@@ -92,7 +136,7 @@ fn attend_head(
         sum += *s;
     }
     out.fill(0.0);
-    for (pos, s) in scores.iter().enumerate() {
+    for (pos, s) in span.zip(scores.iter()) {
         let at = kv.layout.offset(block_table, pos, kv_head);
         let p = s / sum;
         for (o, v) in out.iter_mut().zip(&kv.v[at..at + hd]) {
@@ -102,7 +146,7 @@ fn attend_head(
 }
 
 /// The plain reference: contiguous K/V (`len × kv_heads × head_dim`), one query head at a
-/// time, f64 softmax.
+/// time, every position masked explicitly (no span arithmetic), f64 softmax.
 #[allow(clippy::too_many_arguments)] // mirrors paged_attention plus the contiguous K/V
 pub fn attention_reference(
     q: &[f32],
@@ -112,22 +156,32 @@ pub fn attention_reference(
     head_dim: usize,
     heads: usize,
     visible: &[usize],
+    params: &AttentionParams,
     out: &mut [f32],
 ) {
     let group = heads / kv_heads;
     for (t, &len) in visible.iter().enumerate() {
+        let query_pos = len - 1;
+        let seen = |p: usize| params.window.is_none_or(|w| p + w > query_pos);
         for h in 0..heads {
             let qh = &q[(t * heads + h) * head_dim..][..head_dim];
             let g = h / group;
             let row = |pos: usize| (pos * kv_heads + g) * head_dim;
             let scores: Vec<f64> = (0..len)
                 .map(|p| {
+                    if !seen(p) {
+                        return f64::NEG_INFINITY;
+                    }
                     let kr = &k[row(p)..row(p) + head_dim];
-                    qh.iter()
+                    let dot: f64 = qh
+                        .iter()
                         .zip(kr)
                         .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum::<f64>()
-                        / (head_dim as f64).sqrt()
+                        .sum();
+                    let s = dot * f64::from(params.scale);
+                    params
+                        .softcap
+                        .map_or(s, |cap| (s / f64::from(cap)).tanh() * f64::from(cap))
                 })
                 .collect();
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -153,8 +207,9 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn paged_matches_contiguous_reference_across_blocks() {
+    /// Paged attention of the last 3 of 11 positions, through a shuffled block table,
+    /// against the contiguous reference.
+    fn paged_against_reference(params: &AttentionParams) -> f32 {
         let layout = KvLayout {
             block_size: 4,
             kv_heads: 2,
@@ -163,7 +218,6 @@ mod tests {
         let (heads, len) = (4, 11);
         let k = values(len * 2 * 8, 1);
         let v = values(len * 2 * 8, 2);
-        // Scatter the contiguous K/V into a pool through a shuffled block table.
         let table = [5u32, 0, 3];
         let mut kp = vec![f32::NAN; 6 * layout.block_len()];
         let mut vp = kp.clone();
@@ -175,20 +229,69 @@ mod tests {
                 vp[at..at + 8].copy_from_slice(&v[src..src + 8]);
             }
         }
-        // Causal prefill of the last 3 positions.
         let visible = [9, 10, 11];
-        let q = values(3 * heads * 8, 3);
+        let q: Vec<f32> = values(3 * heads * 8, 3).iter().map(|x| x * 4.0).collect();
         let mut got = vec![0.0; q.len()];
         let kv = PagedKv {
             layout,
             k: &kp,
             v: &vp,
         };
-        paged_attention(&q, &kv, &[&table[..]; 3], &visible, heads, &mut got);
+        let tables = [&table[..]; 3];
+        paged_attention(&q, &kv, &tables, &visible, heads, params, &mut got);
         let mut want = vec![0.0; q.len()];
-        attention_reference(&q, &k, &v, 2, 8, heads, &visible, &mut want);
-        for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
-        }
+        attention_reference(&q, &k, &v, 2, 8, heads, &visible, params, &mut want);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{params:?}: differs by {worst}");
+        // How far the result moved from plain causal attention: a parameter that did
+        // nothing would leave it where it was.
+        let mut plain = vec![0.0; q.len()];
+        let causal = AttentionParams::causal(8);
+        attention_reference(&q, &k, &v, 2, 8, heads, &visible, &causal, &mut plain);
+        got.iter()
+            .zip(&plain)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn paged_matches_contiguous_reference_across_blocks() {
+        assert!(paged_against_reference(&AttentionParams::causal(8)) < 1e-5);
+    }
+
+    #[test]
+    fn a_sliding_window_and_a_soft_cap_match_the_reference_and_change_the_result() {
+        let windowed = AttentionParams {
+            window: Some(3),
+            ..AttentionParams::causal(8)
+        };
+        assert!(paged_against_reference(&windowed) > 1e-3);
+        let capped = AttentionParams {
+            scale: 0.9,
+            softcap: Some(1.5),
+            window: None,
+        };
+        assert!(paged_against_reference(&capped) > 1e-3);
+        // A window no shorter than the context is plain causal attention.
+        let wide = AttentionParams {
+            window: Some(11),
+            ..AttentionParams::causal(8)
+        };
+        assert!(paged_against_reference(&wide) < 1e-5);
+    }
+
+    #[test]
+    fn the_span_keeps_the_last_window_positions_and_the_token_itself() {
+        let p = AttentionParams {
+            window: Some(4),
+            ..AttentionParams::causal(8)
+        };
+        assert_eq!(p.span(10), 6..10);
+        assert_eq!(p.span(3), 0..3);
+        assert_eq!(AttentionParams::causal(8).span(10), 0..10);
     }
 }

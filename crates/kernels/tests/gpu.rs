@@ -11,7 +11,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use tessera_kernels::DType;
-use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
+use tessera_kernels::attention::{AttentionParams, KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cpu::{RowDraw, ThresholdParams, sample_threshold};
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::ops::Ops;
@@ -322,7 +322,15 @@ fn kv_write_and_paged_attention_match_the_cpu_over_partitions() {
         v: &v_pool,
     };
     let mut want = vec![0.0; q.len()];
-    paged_attention(&q, &kv, &rows, &visible, q_heads, &mut want);
+    paged_attention(
+        &q,
+        &kv,
+        &rows,
+        &visible,
+        q_heads,
+        &AttentionParams::causal(layout.head_dim),
+        &mut want,
+    );
     for kernel in AttentionKernel::ALL {
         let target = AttentionTarget {
             layout,

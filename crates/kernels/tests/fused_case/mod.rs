@@ -7,7 +7,7 @@
 
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
-use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
+use tessera_kernels::attention::{AttentionParams, KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{Append, CudaSlice, RopeKv, Slots};
 use tessera_kernels::fused::{self, QkvRow};
@@ -220,7 +220,8 @@ impl DecodeCase {
             v: &v,
         };
         let mut out = vec![0.0; q.len()];
-        paged_attention(q, &kv, &rows, &visible, self.q_heads, &mut out);
+        let params = AttentionParams::causal(self.case.layout.head_dim);
+        paged_attention(q, &kv, &rows, &visible, self.q_heads, &params, &mut out);
         out
     }
 }

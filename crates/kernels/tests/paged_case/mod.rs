@@ -3,7 +3,7 @@
 
 use rand::Rng as _;
 use rand::rngs::StdRng;
-use tessera_kernels::attention::{KvLayout, PagedKv, paged_attention};
+use tessera_kernels::attention::{AttentionParams, KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{AttentionIndex, AttentionKernel, AttentionTarget};
 
@@ -69,7 +69,8 @@ impl PagedCase {
             v: &self.v,
         };
         let mut want = vec![0.0; q.len()];
-        paged_attention(q, &kv, &rows, &visible, q_heads, &mut want);
+        let params = AttentionParams::causal(self.layout.head_dim);
+        paged_attention(q, &kv, &rows, &visible, q_heads, &params, &mut want);
         want
     }
 
