@@ -77,6 +77,9 @@ impl TensorSource for Synthetic {
             TensorId::Embed => (c.vocab_size, hidden, 0.02),
             TensorId::LmHead | TensorId::Rope => return Ok(None),
             TensorId::QBias(_) | TensorId::KBias(_) | TensorId::VBias(_) => return Ok(None),
+            TensorId::PreFfnNorm(_) | TensorId::PostAttnNorm(_) | TensorId::PostFfnNorm(_) => {
+                return Ok(None);
+            }
             TensorId::FinalNorm | TensorId::AttnNorm(_) | TensorId::FfnNorm(_) => (1, hidden, 0.0),
             TensorId::QNorm(_) | TensorId::KNorm(_) => (1, c.head_dim, 0.0),
             TensorId::Q(_) => (q, hidden, 0.02),

@@ -15,10 +15,14 @@ use tessera_topology::ModelShape;
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
+mod block;
 mod refuse;
 
+pub use block::{Activation, BlockConfig};
+
 /// The decoder architectures Tessera runs. They share one forward pass and differ in
-/// biases, tying, the per-head q/k norm and defaults.
+/// biases, tying, the per-head q/k norm, the block's variations ([`BlockConfig`]) and
+/// defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
@@ -26,6 +30,9 @@ pub enum Architecture {
     Qwen2,
     /// Qwen2 without q/k/v biases, with an RMSNorm over every q and k head before RoPE.
     Qwen3,
+    /// GeGLU, norms after each branch too, soft-capped logits, alternating sliding windows,
+    /// a scaled embedding ([`BlockConfig`]).
+    Gemma2,
 }
 
 /// Rotary position embedding settings.
@@ -56,6 +63,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// What the block does beyond the Llama graph.
+    pub block: BlockConfig,
 }
 
 impl ModelConfig {
@@ -109,6 +118,7 @@ impl ModelConfig {
             "mistral" => Architecture::Mistral,
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
+            "gemma2" => Architecture::Gemma2,
             other => {
                 return Err(refuse::unsupported(
                     path,
@@ -164,7 +174,7 @@ impl ModelConfig {
                 }
             },
         };
-        let window = refuse::check_gguf(file, arch_name)?;
+        refuse::check_gguf(file, arch_name)?;
         let eos = file.get_u32("tokenizer.ggml.eos_token_id")?;
         let spec = HfConfigSpec {
             model_type: Some(arch_name.into()),
@@ -188,9 +198,10 @@ impl ModelConfig {
                 .map(Value::from),
             eos_token_id: eos.map(Value::from),
             features: refuse::HfFeatureSpec::default(),
+            block: block::HfBlockSpec::default(),
         };
         let mut config = spec.validate(path)?;
-        refuse::honour_window(&mut config.max_position_embeddings, window, path);
+        config.block = BlockConfig::from_gguf(file, architecture, arch_name, config.block_shape())?;
         config.rope.scaling = scaling;
         if architecture == Architecture::Llama || architecture == Architecture::Mistral {
             config.rope.pairing = RopePairing::Interleaved;
@@ -202,6 +213,16 @@ impl ModelConfig {
     /// and RoPE (Qwen3's `q_norm` / `k_norm`).
     pub fn qk_norm(&self) -> bool {
         self.architecture == Architecture::Qwen3
+    }
+
+    /// The sizes the block's defaults depend on.
+    fn block_shape(&self) -> block::BlockShape {
+        block::BlockShape {
+            layers: self.num_hidden_layers,
+            hidden: self.hidden_size,
+            heads: self.num_attention_heads,
+            head_dim: self.head_dim,
+        }
     }
 
     /// Query heads per KV head (grouped-query attention).
@@ -290,6 +311,8 @@ struct HfConfigSpec {
     eos_token_id: Option<Value>,
     #[serde(flatten)]
     features: refuse::HfFeatureSpec,
+    #[serde(flatten)]
+    block: block::HfBlockSpec,
 }
 
 impl HfConfigSpec {
@@ -304,6 +327,7 @@ impl HfConfigSpec {
             "mistral" | "mistralforcausallm" => Architecture::Mistral,
             "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
             "qwen3" | "qwen3forcausallm" => Architecture::Qwen3,
+            "gemma2" | "gemma2forcausallm" => Architecture::Gemma2,
             _ => {
                 let key = if self.model_type.is_some() {
                     "model_type"
@@ -358,30 +382,34 @@ impl HfConfigSpec {
         let bos_token_id = token_ids(self.bos_token_id.as_ref(), path, "bos_token_id")?
             .first()
             .copied();
-        let mut max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
-        refuse::honour_window(
-            &mut max_position_embeddings,
-            self.features.sliding_window(architecture),
-            path,
-        );
+        let num_hidden_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
+        let shape = block::BlockShape {
+            layers: num_hidden_layers,
+            hidden: hidden_size,
+            heads: num_attention_heads,
+            head_dim,
+        };
         Ok(ModelConfig {
             architecture,
             hidden_size,
             intermediate_size: need(self.intermediate_size, "intermediate_size")?,
-            num_hidden_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
             vocab_size: need(self.vocab_size, "vocab_size")?,
-            max_position_embeddings,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope,
             attention_bias: self
                 .attention_bias
                 .unwrap_or(architecture == Architecture::Qwen2),
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: self
+                .tie_word_embeddings
+                .unwrap_or(architecture == Architecture::Gemma2),
             bos_token_id,
             eos_token_ids,
+            block: self.block.validate(path, architecture, shape)?,
         })
     }
 

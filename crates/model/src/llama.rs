@@ -2,7 +2,11 @@
 //! pre-norm blocks of grouped-query attention with RoPE and a SwiGLU MLP. Mistral and
 //! Qwen2 are the same graph with other defaults (Qwen2: q/k/v biases, tied embeddings);
 //! Qwen3 (<https://arxiv.org/abs/2505.09388>) adds an RMSNorm over every q and k head
-//! between the projections and RoPE ([`head_rms_norm`]).
+//! between the projections and RoPE ([`head_rms_norm`]). Gemma 2
+//! (<https://arxiv.org/abs/2408.00118>) varies the block more ([`BlockConfig`]): a GeGLU
+//! MLP, an RMSNorm of each branch's output before it joins the residual, soft-capped
+//! attention and output logits, sliding windows on alternate layers, and an embedding
+//! scaled by `√hidden`.
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
 //! their K/V into the paged cache, and returns the logits of the last token. This file is
@@ -31,7 +35,7 @@ mod load;
 use std::ops::Range;
 
 use tessera_comm::Collective;
-use tessera_kernels::activation::silu_mul;
+use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
 use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::matmul;
 use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
@@ -39,7 +43,9 @@ use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::RankPlan;
 
 use crate::batch::BatchIndex;
-use crate::config::ModelConfig;
+#[cfg(doc)]
+use crate::config::BlockConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
 use crate::weights::Weight;
@@ -78,7 +84,11 @@ pub(crate) struct Layer {
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
     pub(crate) o: Linear,
+    /// Gemma 2's norm of the attention output, before the residual add.
+    pub(crate) post_attn_norm: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
+    /// Gemma 2's norm of the MLP output, before the residual add.
+    pub(crate) post_ffn_norm: Option<Vec<f32>>,
     pub(crate) gate: Linear,
     pub(crate) up: Linear,
     pub(crate) down: Linear,
@@ -101,7 +111,8 @@ struct Pass<'a> {
 
 impl Layer {
     /// One decoder block over the pass's tokens: `x += attn(norm(x)); x += mlp(norm(x))`,
-    /// each branch summed over the group after its row-parallel projection.
+    /// each branch summed over the group after its row-parallel projection (and, in
+    /// Gemma 2, normalized again before the add).
     fn run(
         &self,
         l: usize,
@@ -142,21 +153,43 @@ impl Layer {
             &pass.tables,
             &pass.visible,
             pass.heads,
+            &c.block.attention(l),
             &mut s.attn,
         );
         self.o.apply(&s.attn, &mut s.o)?;
         comm.all_reduce_sum(&mut s.o)?;
+        post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
         let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
         for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
             add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
         }
         self.gate.apply(&s.h, &mut s.gate)?;
         self.up.apply(&s.h, &mut s.up)?;
-        silu_mul(&mut s.gate, &s.up);
+        match c.block.activation {
+            Activation::Silu => silu_mul(&mut s.gate, &s.up),
+            Activation::GeluTanh => gelu_tanh_mul(&mut s.gate, &s.up),
+        }
         self.down.apply(&s.gate, &mut s.down)?;
         comm.all_reduce_sum(&mut s.down)?;
+        post_norm(&mut s.down, self.post_ffn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
         Ok(())
+    }
+}
+
+/// Normalizes each row of a branch's output in place when the block has a norm there,
+/// through `scratch` (free at that point of the block).
+fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, c: &ModelConfig, scratch: &mut [f32]) {
+    let Some(w) = norm else {
+        return;
+    };
+    let hidden = c.hidden_size;
+    for (row, tmp) in rows
+        .chunks_exact_mut(hidden)
+        .zip(scratch.chunks_exact_mut(hidden))
+    {
+        rms_norm(row, w, c.rms_norm_eps, tmp);
+        row.copy_from_slice(tmp);
     }
 }
 
@@ -361,6 +394,9 @@ impl Llama {
             }
         }
         comm.all_reduce_sum(x)?;
+        if let Some(scale) = self.config.block.embed_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         Ok(())
     }
 
@@ -377,7 +413,14 @@ impl Llama {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut rows = vec![0.0; n * head.rows];
         matmul(&head.mat(), normed, &mut rows)?;
-        self.sharding.gather_logits(&rows, n, comm)
+        let mut logits = self.sharding.gather_logits(&rows, n, comm)?;
+        if let Some(cap) = self.config.block.final_softcap {
+            // After the gather: a cap would turn the padding's −∞ into −cap.
+            for v in logits.iter_mut().flatten() {
+                *v = (*v / cap).tanh() * cap;
+            }
+        }
+        Ok(logits)
     }
 }
 

@@ -173,6 +173,7 @@ fn f32_fixtures_match_tp1_and_transformers_at_tp_2_and_4() {
         "mistral",
         "qwen2-bias-tied",
         "qwen3",
+        "gemma2",
     ] {
         for variant in ["f32", "f32-sharded"] {
             if expected(model).variants.contains_key(variant) {
@@ -180,23 +181,26 @@ fn f32_fixtures_match_tp1_and_transformers_at_tp_2_and_4() {
             }
         }
     }
-    // 6 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
+    // 7 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
     assert_eq!(
-        runs, 12,
+        runs, 14,
         "fixtures missing or no longer split at tp 2 and 4?"
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Qwen3's q/k norm weights (`head_dim` each) are whole on every rank, read from GGUF too.
+/// Qwen3's q/k norm weights (`head_dim` each) and Gemma 2's post-norms are whole on every
+/// rank, read from GGUF too.
 #[test]
-fn qwen3_gguf_matches_tp1_and_transformers_at_tp_2_and_4() {
+fn qwen3_and_gemma2_gguf_match_tp1_and_transformers_at_tp_2_and_4() {
     let mut failures = Vec::new();
     let mut runs = 0;
-    for variant in ["gguf-F32", "gguf-BF16", "gguf-Q8_0"] {
-        runs += check_variant("qwen3", variant, &[2, 4], &mut failures);
+    for model in ["qwen3", "gemma2"] {
+        for variant in ["gguf-F32", "gguf-BF16", "gguf-Q8_0"] {
+            runs += check_variant(model, variant, &[2, 4], &mut failures);
+        }
     }
-    assert_eq!(runs, 6, "qwen3 no longer splits at tp 2 and 4?");
+    assert_eq!(runs, 12, "qwen3 or gemma2 no longer splits at tp 2 and 4?");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

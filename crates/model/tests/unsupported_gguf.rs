@@ -1,6 +1,6 @@
 //! GGUF metadata that asks for what Tessera cannot run — a mixture of experts, an unknown
 //! architecture, a rope scaling type other than linear — is refused with one error naming the
-//! file, the key and what is supported; a sliding window cuts the served context (issue 18,
+//! file, the key and what is supported; a sliding window slides every layer (issue 18,
 //! part 5). Config.json features are covered end to end in `crates/cli/tests/bad_input.rs`.
 
 mod gguf_writer;
@@ -65,8 +65,8 @@ fn experts_are_refused() {
 #[test]
 fn unknown_architecture_is_refused() {
     refused(
-        llama("gemma2"),
-        &["`general.architecture` = gemma2", "llama, mistral, qwen2"],
+        llama("gemma3"),
+        &["`general.architecture` = gemma3", "llama, mistral, qwen2, qwen3, gemma2"],
     );
 }
 
@@ -82,10 +82,13 @@ fn rope_scaling_types_other_than_linear_are_refused() {
     assert!(config(none).1.is_ok());
 }
 
+/// A GGUF sliding window slides every layer and keeps the context.
 #[test]
-fn sliding_window_cuts_the_context() {
+fn a_sliding_window_slides_every_layer() {
     let g = llama("llama").kv_u32("llama.attention.sliding_window", 16);
-    assert_eq!(config(g).1.unwrap().max_position_embeddings, 16);
-    let wide = llama("llama").kv_u32("llama.attention.sliding_window", 4096);
-    assert_eq!(config(wide).1.unwrap().max_position_embeddings, 128);
+    let c = config(g).1.unwrap();
+    assert_eq!(c.max_position_embeddings, 128);
+    assert_eq!(c.block.windows, vec![Some(16); c.num_hidden_layers]);
+    let none = config(llama("llama")).1.unwrap();
+    assert_eq!(none.block.windows, vec![None; none.num_hidden_layers]);
 }

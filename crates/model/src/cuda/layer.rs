@@ -4,15 +4,48 @@
 //! is the count of what runs here.
 
 use tessera_kernels::cuda::{
-    Append, AttentionIndex, AttentionKernel, CudaSlice, Ops, RopeKv, Slots,
+    Append, AttentionIndex, AttentionKernel, CudaError, CudaSlice, Ops, RopeKv, Slots,
 };
 
 use super::kv::{DeviceKv, Scratch};
 use super::weights::{DeviceLinear, Input};
 use super::{AttnIn, CudaLlama, DeviceLayer};
+use crate::config::{Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::launch_plan::{Biases, Launch, LayerShape, Norm, Proj, Rounded, layer_launches};
 use crate::slice::SliceComm;
+
+/// Refuses a model whose block the device launches do not compute, rather than run it
+/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale, and sliding windows
+/// shorter than the context.
+pub(super) fn refuse_block(c: &ModelConfig) -> Result<(), ModelError> {
+    let b = &c.block;
+    let what = if b.activation != Activation::Silu
+        || b.post_norms
+        || b.attn_softcap.is_some()
+        || b.final_softcap.is_some()
+        || b.embed_scale.is_some()
+    {
+        format!(
+            "the {:?} block (GeGLU, post-norms, soft caps)",
+            c.architecture
+        )
+    } else if let Some(w) = b
+        .shortest_window()
+        .filter(|w| *w < c.max_position_embeddings)
+    {
+        format!(
+            "sliding-window attention ({w}-position window over a {}-position context)",
+            c.max_position_embeddings
+        )
+    } else {
+        return Ok(());
+    };
+    Err(CudaError::Unsupported {
+        what: format!("{what} on cuda shards; run this model's groups on cpu devices"),
+    }
+    .into())
+}
 
 /// The batch's attention inputs: its cache slots, its attention index, and whether it is
 /// a decode step (every query the one new token of its sequence).

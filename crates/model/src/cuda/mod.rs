@@ -197,6 +197,7 @@ impl CudaLlama {
         device: Arc<CudaDevice>,
         path: KernelPath,
     ) -> Result<CudaLlama, ModelError> {
+        layer::refuse_block(&llama.config)?;
         // The fused kernels apply no q/k norm (the log below names the path that runs).
         let path = path.serving(llama.config.qk_norm());
         let requested = attention_from_env()?;

@@ -46,12 +46,25 @@ impl Llama {
             _ => |v| v,
         };
         let round_all = |values: &mut [f32]| values.iter_mut().for_each(|v| *v = round(*v));
-        round_all(&mut self.final_norm);
+        // A norm's stored weight is rounded, not the offset added at load (Gemma's
+        // `1 + w` is computed in f32 from the held `w`, as transformers does).
+        let offset = self.config.block.norm_offset;
+        let round_norm = |values: &mut [f32]| {
+            values
+                .iter_mut()
+                .for_each(|v| *v = round(*v - offset) + offset)
+        };
+        round_norm(&mut self.final_norm);
         for layer in &mut self.layers {
-            round_all(&mut layer.attn_norm);
-            round_all(&mut layer.ffn_norm);
+            let norms = [&mut layer.post_attn_norm, &mut layer.post_ffn_norm];
+            for norm in [&mut layer.attn_norm, &mut layer.ffn_norm]
+                .into_iter()
+                .chain(norms.into_iter().flatten())
+            {
+                round_norm(norm);
+            }
             for norm in [&mut layer.q_norm, &mut layer.k_norm].into_iter().flatten() {
-                round_all(norm);
+                round_norm(norm);
             }
             for linear in [&mut layer.q, &mut layer.k, &mut layer.v, &mut layer.o] {
                 if let Some(bias) = &mut linear.bias {

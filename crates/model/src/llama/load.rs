@@ -35,14 +35,29 @@ impl Slicer<'_> {
         Ok(w)
     }
 
-    fn norm(&mut self, id: TensorId, len: usize) -> Result<Vec<f32>, ModelError> {
-        self.whole(id, 1, len)?.to_f32()
+    /// An RMSNorm's weights, with the config's offset added (Gemma's `1 + w`).
+    fn norm(&mut self, id: TensorId, len: usize, c: &ModelConfig) -> Result<Vec<f32>, ModelError> {
+        let mut w = self.whole(id, 1, len)?.to_f32()?;
+        if c.block.norm_offset != 0.0 {
+            w.iter_mut().for_each(|v| *v += c.block.norm_offset);
+        }
+        Ok(w)
+    }
+
+    /// Gemma 2's norm after a branch, when the config has them.
+    fn post_norm(&mut self, id: TensorId, c: &ModelConfig) -> Result<Option<Vec<f32>>, ModelError> {
+        c.block
+            .post_norms
+            .then(|| self.norm(id, c.hidden_size, c))
+            .transpose()
     }
 
     /// A per-head norm (Qwen3's q/k norm) when the config has one: `head_dim` weights that
     /// every head shares, so every rank holds them whole whatever heads it owns.
     fn head_norm(&mut self, id: TensorId, c: &ModelConfig) -> Result<Option<Vec<f32>>, ModelError> {
-        c.qk_norm().then(|| self.norm(id, c.head_dim)).transpose()
+        c.qk_norm()
+            .then(|| self.norm(id, c.head_dim, c))
+            .transpose()
     }
 
     /// Rows `take` of the `rows × cols` tensor `id`, borrowed from the map.
@@ -129,7 +144,7 @@ impl Slicer<'_> {
         let (q_rows, kv_rows) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
         let bias = |id: TensorId| c.attention_bias.then_some(id);
         Ok(Layer {
-            attn_norm: self.norm(TensorId::AttnNorm(l), hidden)?,
+            attn_norm: self.norm(TensorId::AttnNorm(l), hidden, c)?,
             q: self.column_parallel(
                 (TensorId::Q(l), bias(TensorId::QBias(l))),
                 (q_rows, hidden),
@@ -148,7 +163,13 @@ impl Slicer<'_> {
             q_norm: self.head_norm(TensorId::QNorm(l), c)?,
             k_norm: self.head_norm(TensorId::KNorm(l), c)?,
             o: self.row_parallel(TensorId::O(l), (hidden, q_rows), plan.q_rows(hd))?,
-            ffn_norm: self.norm(TensorId::FfnNorm(l), hidden)?,
+            post_attn_norm: self.post_norm(TensorId::PostAttnNorm(l), c)?,
+            // Gemma 2 names its pre-MLP norm apart from its post-attention one.
+            ffn_norm: match c.block.post_norms {
+                true => self.norm(TensorId::PreFfnNorm(l), hidden, c)?,
+                false => self.norm(TensorId::FfnNorm(l), hidden, c)?,
+            },
+            post_ffn_norm: self.post_norm(TensorId::PostFfnNorm(l), c)?,
             gate: self.column_parallel(
                 (TensorId::Gate(l), None),
                 (inter, hidden),
@@ -236,7 +257,7 @@ impl Llama {
                 });
             }
         };
-        let final_norm = slicer.norm(TensorId::FinalNorm, hidden)?;
+        let final_norm = slicer.norm(TensorId::FinalNorm, hidden, c)?;
         let rope = Rope::new(c.head_dim, c.rope.theta, &c.rope.scaling, c.rope.pairing);
         info!(
             rank = %plan.rank,
