@@ -58,6 +58,12 @@ fn qwen3() {
     same_tokens_at_every_tp("qwen3");
 }
 
+/// Gemma 2: a sliding window through the shards' paged cache, soft caps, post-norms.
+#[test]
+fn gemma2() {
+    same_tokens_at_every_tp("gemma2");
+}
+
 #[test]
 fn smollm2_tp3_matches_tp1() {
     let Some(path) = demo_model() else { return };
