@@ -66,7 +66,10 @@ fn experts_are_refused() {
 fn unknown_architecture_is_refused() {
     refused(
         llama("gemma3"),
-        &["`general.architecture` = gemma3", "llama, mistral, qwen2, qwen3, gemma2"],
+        &[
+            "`general.architecture` = gemma3",
+            "llama, mistral, qwen2, qwen3, gemma2",
+        ],
     );
 }
 
