@@ -4,10 +4,12 @@
 // computation, so one kernel pair serves both.
 //
 // Split along the context (for long contexts): grid (q_heads, queries, partitions);
-// partition p covers positions [p·PART, min((p+1)·PART, context)) and writes its maximum
-// logit, its sum of exponentials and its unnormalised output; `paged_attention_reduce`
-// merges the partitions. Cache layout: [blocks][block_size][kv_heads][head_dim] bf16.
-// head_dim ≤ 256. Twin: `attention::attend` over the CPU cache.
+// partition p covers positions [lo + p·PART, min(lo + (p+1)·PART, context)) and writes its
+// maximum logit, its sum of exponentials and its unnormalised output;
+// `paged_attention_reduce` merges the partitions. lo is 0, or under a sliding window of
+// `window` positions (0: none) the first of the last `window` (`window_start`). Cache
+// layout: [blocks][block_size][kv_heads][head_dim] bf16. head_dim ≤ 256. Twin:
+// `attention::paged_attention` over the CPU cache.
 
 #define PART 256
 
@@ -27,6 +29,7 @@ extern "C" __global__ void paged_attention_partition(
     unsigned int kv_heads,
     unsigned int head_dim,
     unsigned int partitions,
+    unsigned int window,
     float scale) {
     __shared__ float logits[PART];
     __shared__ float qs[256];
@@ -36,7 +39,7 @@ extern "C" __global__ void paged_attention_partition(
     const unsigned int part = blockIdx.z;
     const size_t slot = ((size_t)query * q_heads + head) * partitions + part;
     const unsigned int context = context_lens[query];
-    const unsigned int start = part * PART;
+    const unsigned int start = window_start(context, window) + part * PART;
     // Past this query's context: nothing to do (the reduce reads only the partitions a
     // context uses; a decode graph launches every partition of its longest context).
     if (start >= context) {
@@ -107,11 +110,14 @@ extern "C" __global__ void paged_attention_reduce(
     const unsigned int* context_lens,
     unsigned int q_heads,
     unsigned int head_dim,
-    unsigned int partitions) {
+    unsigned int partitions,
+    unsigned int window) {
     const unsigned int head = blockIdx.x;
     const unsigned int query = blockIdx.y;
     const size_t first = ((size_t)query * q_heads + head) * partitions;
-    const unsigned int used = min(partitions, (context_lens[query] + PART - 1) / PART);
+    const unsigned int context = context_lens[query];
+    const unsigned int span = context - window_start(context, window);
+    const unsigned int used = min(partitions, (span + PART - 1) / PART);
     float m = -INFINITY;
     for (unsigned int p = 0; p < used; ++p) {
         m = fmaxf(m, part_max[first + p]);

@@ -16,14 +16,15 @@
 // per iteration so that several loads are in flight. Each slot keeps its own running
 // softmax for the group's heads; slots merge through shuffles, warps through shared memory.
 //
-// Split: the launch has `partitions` blocks along z; a query of `context` positions uses
-// ceil(context / len) of them, len = grouped_part_len(context, partitions) (the same in
-// both kernels, so a graph captured with the longest context serves shorter ones). A
-// query that uses one partition is written, normalised, by this kernel; the reduce skips
-// it. Softmax runs in base 2: q is scaled by scale · log2(e), so the partitions' maxima
-// are base-2 logits too. `out16`, when not null, receives the output rounded to bf16 as
-// well (the o projection's GEMM input, so no round_bf16 launch follows). Twin:
-// `attention::paged_attention` over the CPU cache.
+// Split: the launch has `partitions` blocks along z; a query that attends to `span`
+// positions uses ceil(span / len) of them, len = grouped_part_len(span, partitions) (the
+// same in both kernels, so a graph captured with the longest context serves shorter ones).
+// `span` is the context, or under a sliding window of `window` positions (0: none) the
+// last `window` of it, from `window_start`. A query that uses one partition is written,
+// normalised, by this kernel; the reduce skips it. Softmax runs in base 2: q is scaled by
+// scale · log2(e), so the partitions' maxima are base-2 logits too. `out16`, when not
+// null, receives the output rounded to bf16 as well (the o projection's GEMM input, so no
+// round_bf16 launch follows). Twin: `attention::paged_attention` over the CPU cache.
 //
 // Append mode (`qkv` not null; a decode step of the fused path): `q` is not read; each
 // block takes its queries from the stacked q|k|v projection and does `rope_kv_write`'s
@@ -153,6 +154,7 @@ __device__ __forceinline__ void grouped_attention(
     unsigned int q_heads,
     unsigned int kv_heads,
     unsigned int partitions,
+    unsigned int window,
     float scale_log2,
     APPEND_PARAMS) {
     constexpr unsigned int LANES = D / 8;
@@ -170,8 +172,9 @@ __device__ __forceinline__ void grouped_attention(
     const unsigned int query = blockIdx.y;
     const unsigned int part = blockIdx.z;
     const unsigned int context = context_lens[query];
-    const unsigned int len = grouped_part_len(context, partitions);
-    const unsigned int start = part * len;
+    const unsigned int lo = window_start(context, window);
+    const unsigned int len = grouped_part_len(context - lo, partitions);
+    const unsigned int start = lo + part * len;
     // Past this query's context: nothing to do (a graph launches the partitions of its
     // longest context for every query).
     if (start >= context) {
@@ -352,7 +355,7 @@ __device__ __forceinline__ void grouped_attention(
 
     // The warps merge: one thread per (head, dimension). The partition holds at least one
     // position, so some warp's maximum is finite and the sum is at least 1.
-    const bool split = len < context;
+    const bool split = len < context - lo;
     for (unsigned int at = threadIdx.x; at < group * D; at += blockDim.x) {
         const unsigned int g = at / D;
         const unsigned int d = at % D;
@@ -393,13 +396,14 @@ __device__ __forceinline__ void grouped_attention(
         const bf16_t *k_cache, const bf16_t *v_cache, const unsigned int *block_tables,     \
         const unsigned int *query_seq, const unsigned int *context_lens,                    \
         unsigned int max_blocks, unsigned int block_size, unsigned int q_heads,             \
-        unsigned int kv_heads, unsigned int partitions, float scale_log2, const float *qkv,  \
+        unsigned int kv_heads, unsigned int partitions, unsigned int window,                \
+        float scale_log2, const float *qkv,                                                 \
         const float *bias, const unsigned int *positions, const float *inv_freq,            \
         const long long *slots, unsigned int pairing, bf16_t *k_fresh, bf16_t *v_fresh
 #define GROUPED_ARGS                                                                        \
     out, out16, part_out, part_max, part_sum, q, k_cache, v_cache, block_tables,            \
         query_seq, context_lens, max_blocks, block_size, q_heads, kv_heads, partitions,     \
-        scale_log2, qkv, bias, positions, inv_freq, slots, pairing, k_fresh, v_fresh
+        window, scale_log2, qkv, bias, positions, inv_freq, slots, pairing, k_fresh, v_fresh
 
 // One entry per (head_dim, group rounded up to a power of two); the host picks it.
 extern "C" __global__ __launch_bounds__(128) void attention_grouped_d16_g1(GROUPED_PARAMS) {
@@ -463,14 +467,16 @@ extern "C" __global__ __launch_bounds__(128) void attention_grouped_reduce(
     const unsigned int* __restrict__ context_lens,
     unsigned int q_heads,
     unsigned int head_dim,
-    unsigned int partitions) {
+    unsigned int partitions,
+    unsigned int window) {
     __shared__ float weight[GROUPED_MAX_PARTITIONS];
     __shared__ float total;
     const unsigned int head = blockIdx.x;
     const unsigned int query = blockIdx.y;
     const unsigned int context = context_lens[query];
-    const unsigned int len = grouped_part_len(context, partitions);
-    const unsigned int used = (context + len - 1u) / len;
+    const unsigned int span = context - window_start(context, window);
+    const unsigned int len = grouped_part_len(span, partitions);
+    const unsigned int used = (span + len - 1u) / len;
     if (used <= 1u) {
         return; // written by the partition kernel
     }

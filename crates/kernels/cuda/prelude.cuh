@@ -100,3 +100,10 @@ __device__ float block_max(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : -INFINITY;
     return warp_max(v);
 }
+
+// The first position a query that sees `context` positions attends to under a sliding
+// window of `window` positions (0: none): the last `window`, its own included. Twin:
+// `AttentionParams::span`.
+__device__ __forceinline__ unsigned int window_start(unsigned int context, unsigned int window) {
+    return (window != 0u && context > window) ? context - window : 0u;
+}

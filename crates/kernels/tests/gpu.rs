@@ -396,6 +396,82 @@ fn grouped_attention_matches_the_cpu_for_each_group_head_size_and_split() {
 }
 
 #[test]
+fn both_attention_kernels_slide_a_window() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(13);
+    let layout = KvLayout {
+        block_size: 16,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let q_heads = 8;
+    // Contexts on both sides of each window, of the blocks' edges and of the legacy
+    // kernel's 256-position partitions.
+    let contexts: Vec<u32> = vec![1, 15, 17, 100, 255, 257, 1000, 4097];
+    let lens: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
+    let query_seq: Vec<u32> = (0..contexts.len() as u32).collect();
+    let case = PagedCase::new(&mut rng, layout, &lens);
+    let q = random(&mut rng, contexts.len() * q_heads * layout.head_dim, 1.0);
+    let whole = case.attend(&q, &query_seq, &contexts, q_heads);
+    for window in [1, 16, 100, 257, 4096] {
+        let want = case.attend_window(&q, &query_seq, &contexts, q_heads, Some(window));
+        // Every window is shorter than the longest context, so it moves the twin's output.
+        let moved = want
+            .iter()
+            .zip(&whole)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            moved > 1e-3,
+            "a window of {window} moved the output by {moved}"
+        );
+        let runs = [
+            (AttentionKernel::Legacy, None),
+            (AttentionKernel::Grouped, Some(1)),
+            (AttentionKernel::Grouped, None),
+            (AttentionKernel::Grouped, Some(7)),
+        ];
+        for (kernel, partitions) in runs {
+            let target = AttentionTarget {
+                kernel,
+                ..case.target(q_heads, partitions)
+            };
+            let mut index = ops
+                .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+                .unwrap();
+            index.set_window(Some(window)).unwrap();
+            let what = format!(
+                "{kernel} attention, window {window}, {} partitions",
+                index.partitions()
+            );
+            close(
+                &what,
+                &case.run(&ops, &q, &mut index),
+                &want,
+                GROUPED_TOLERANCE,
+            );
+            // And back to the whole context on the same index.
+            index.set_window(None).unwrap();
+            close(
+                &what,
+                &case.run(&ops, &q, &mut index),
+                &whole,
+                GROUPED_TOLERANCE,
+            );
+        }
+    }
+    let target = case.target(q_heads, None);
+    let mut index = ops
+        .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+        .unwrap();
+    assert!(
+        index.set_window(Some(0)).is_err(),
+        "a window of 0 positions"
+    );
+}
+
+#[test]
 fn grouped_attention_serves_a_causal_chunk_and_a_refilled_index() {
     let Some(dev) = device() else { return };
     let ops = ops(&dev);

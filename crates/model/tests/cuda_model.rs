@@ -205,6 +205,34 @@ fn every_fixture_on_the_device_matches_the_cpu() {
     }
 }
 
+/// Mistral's HF fixture with a 6-position sliding window: every layer's attention on the
+/// device slides it as the CPU's does (the 18-token prompt and 20 steps pass it).
+#[test]
+fn a_sliding_window_on_the_device_matches_the_cpu() {
+    let Some(dev) = device() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let from = repo_root().join("fixtures/models/mistral/f32");
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let windowed = text.replace("\"sliding_window\": null", "\"sliding_window\": 6");
+    assert_ne!(text, windowed, "the fixture's config names sliding_window");
+    std::fs::write(&config, windowed).unwrap();
+    let prompt = [
+        1u32, 15, 27, 99, 4, 8, 16, 23, 42, 7, 3, 11, 5, 19, 21, 30, 2, 9,
+    ];
+    let llama = loader::load_weights(dir.path()).unwrap();
+    let follow = greedy_cpu(&llama, &prompt, 20);
+    let cpu = cpu_logits(&llama, &prompt, &follow);
+    let model = CudaLlama::upload(&llama, Arc::clone(&dev)).unwrap();
+    let mut kv = model.new_cache(16 << 20).unwrap();
+    let gpu = cuda_logits(&model, &mut kv, &prompt, &follow, &mut Solo::default());
+    compare("mistral with a 6-position window", &cpu, &gpu);
+}
+
 #[test]
 fn a_batch_of_sequences_gives_each_its_own_logits() {
     let Some(dev) = device() else { return };

@@ -57,6 +57,18 @@ impl PagedCase {
         contexts: &[u32],
         q_heads: usize,
     ) -> Vec<f32> {
+        self.attend_window(q, query_seq, contexts, q_heads, None)
+    }
+
+    /// [`PagedCase::attend`] under a sliding window of the last `window` positions.
+    pub fn attend_window(
+        &self,
+        q: &[f32],
+        query_seq: &[u32],
+        contexts: &[u32],
+        q_heads: usize,
+        window: Option<usize>,
+    ) -> Vec<f32> {
         let m = self.max_blocks;
         let rows: Vec<&[u32]> = query_seq
             .iter()
@@ -69,7 +81,10 @@ impl PagedCase {
             v: &self.v,
         };
         let mut want = vec![0.0; q.len()];
-        let params = AttentionParams::causal(self.layout.head_dim);
+        let params = AttentionParams {
+            window,
+            ..AttentionParams::causal(self.layout.head_dim)
+        };
         paged_attention(q, &kv, &rows, &visible, q_heads, &params, &mut want);
         want
     }

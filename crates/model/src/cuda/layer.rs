@@ -16,33 +16,24 @@ use crate::launch_plan::{Biases, Launch, LayerShape, Norm, Proj, Rounded, layer_
 use crate::slice::SliceComm;
 
 /// Refuses a model whose block the device launches do not compute, rather than run it
-/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale, and sliding windows
-/// shorter than the context.
+/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale. (Sliding windows run:
+/// each layer's attention slides its own, [`AttentionIndex::set_window`].)
 pub(super) fn refuse_block(c: &ModelConfig) -> Result<(), ModelError> {
     let b = &c.block;
-    let what = if b.activation != Activation::Silu
-        || b.post_norms
-        || b.attn_softcap.is_some()
-        || b.final_softcap.is_some()
-        || b.embed_scale.is_some()
+    if b.activation == Activation::Silu
+        && !b.post_norms
+        && b.attn_softcap.is_none()
+        && b.final_softcap.is_none()
+        && b.embed_scale.is_none()
     {
-        format!(
-            "the {:?} block (GeGLU, post-norms, soft caps)",
-            c.architecture
-        )
-    } else if let Some(w) = b
-        .shortest_window()
-        .filter(|w| *w < c.max_position_embeddings)
-    {
-        format!(
-            "sliding-window attention ({w}-position window over a {}-position context)",
-            c.max_position_embeddings
-        )
-    } else {
         return Ok(());
-    };
+    }
     Err(CudaError::Unsupported {
-        what: format!("{what} on cuda shards; run this model's groups on cpu devices"),
+        what: format!(
+            "the {:?} block (GeGLU, post-norms, soft caps) on cuda shards; run this model's \
+             groups on cpu devices",
+            c.architecture
+        ),
     }
     .into())
 }
@@ -276,6 +267,9 @@ impl CudaLlama {
             } => {
                 let layout = run.kv.layout();
                 let out16 = bf16_out.then_some(&mut s.attn16);
+                run.batch
+                    .index
+                    .set_window(self.config.block.attention(l).window)?;
                 if append {
                     let bias = if bias {
                         layer.proj(Proj::Qkv)?.bias()

@@ -285,6 +285,7 @@ impl Ops<'_> {
             u32_of("q_heads", index.q_heads)?,
             u32_of("kv_heads", layout.kv_heads)?,
             u32_of("partitions", partitions)?,
+            index.window,
         ];
         let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         let grid_y = grid_yz("attention queries (grid y)", queries)?;
@@ -368,7 +369,8 @@ impl Ops<'_> {
             .arg(&*contexts)
             .arg(&dims[2])
             .arg(&head_dim)
-            .arg(&dims[4]);
+            .arg(&dims[4])
+            .arg(&dims[5]);
         self.run("attention_grouped_reduce", &mut a, config)
     }
 }

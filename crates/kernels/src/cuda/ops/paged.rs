@@ -46,6 +46,8 @@ pub struct AttentionIndex {
     pub(super) kernel: AttentionKernel,
     /// Blocks along the context per query (the grid's z).
     pub(super) partitions: usize,
+    /// The sliding window of the next attention over the index (0: the whole context).
+    pub(super) window: u32,
     pub(super) part_out: CudaSlice<f32>,
     pub(super) part_max: CudaSlice<f32>,
     pub(super) part_sum: CudaSlice<f32>,
@@ -60,6 +62,25 @@ impl AttentionIndex {
     /// Blocks along the context per query (1: not split).
     pub fn partitions(&self) -> usize {
         self.partitions
+    }
+
+    /// Makes the attentions over this index slide a window of the last `window` positions
+    /// of each query's context, its own included (`None`: the whole context), as the layer
+    /// they serve does; the CPU twin is [`crate::attention::AttentionParams::window`]. Set
+    /// it before each layer's attention: a captured graph keeps each launch's window.
+    pub fn set_window(&mut self, window: Option<usize>) -> Result<(), CudaError> {
+        self.window = match window {
+            None => 0,
+            Some(0) => {
+                return Err(CudaError::Shape {
+                    what: "attention sliding window (at least 1 position)",
+                    expected: 1,
+                    actual: 0,
+                });
+            }
+            Some(w) => u32_of("attention sliding window", w)?,
+        };
+        Ok(())
     }
 
     /// The caches' lengths against this index: each of its `cache_blocks` blocks of
@@ -191,6 +212,7 @@ impl Ops<'_> {
             q_heads,
             kernel,
             partitions,
+            window: 0,
             part_out: self.alloc(parts * layout.head_dim)?,
             part_max: self.alloc(parts)?,
             part_sum: self.alloc(parts)?,
@@ -367,6 +389,7 @@ impl Ops<'_> {
             u32_of("kv_heads", layout.kv_heads)?,
             u32_of("head_dim", hd)?,
             u32_of("partitions", index.partitions)?,
+            index.window,
         ];
         let scale = 1.0 / (hd as f32).sqrt();
         let grid = (
@@ -416,7 +439,8 @@ impl Ops<'_> {
             .arg(&*contexts)
             .arg(&dims[2])
             .arg(&dims[4])
-            .arg(&dims[5]);
+            .arg(&dims[5])
+            .arg(&dims[6]);
         self.run("paged_attention_reduce", &mut a, config)
     }
 }
