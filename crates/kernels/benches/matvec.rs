@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
 use tessera_kernels::matmul::{MatRef, matmul};
-use tessera_kernels::quant::f16_scale_offsets;
+use tessera_kernels::quant::{f16_scale_offsets, fp8};
 
 fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(7);
@@ -23,6 +23,7 @@ fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
         match dtype {
             DType::F32 => chunk[last] &= 0x3f,
             DType::F16 | DType::BF16 => chunk[last] &= 0x3b,
+            DType::F8E4M3 => fp8::make_finite(chunk, 0.01),
             _ => {
                 for &at in f16_scale_offsets(dtype) {
                     chunk[at + 1] &= 0x1f;

@@ -1,7 +1,8 @@
 //! Element types of weight tensors, including GGML's block-quantized formats.
 //!
 //! A quantized row is a sequence of fixed-size blocks; each block packs `block_elems()`
-//! values into `block_bytes()` bytes. Float types are blocks of one element.
+//! values into `block_bytes()` bytes. Float types are blocks of one element. Every type but
+//! [`DType::F8E4M3`] is a GGML type, as GGUF files store it.
 
 use crate::error::KernelError;
 
@@ -37,12 +38,36 @@ pub enum DType {
     /// 256 values in 8 sub-blocks of 32, 6-bit signed sub-scales, nibbles indexing the
     /// IQ4_NL table.
     IQ4XS,
+    /// 32 values: f32 scale `s`, 32 × float8 e4m3fn. `x = s·q`. Not a GGML type: how
+    /// Tessera holds the FP8 weights of a HuggingFace checkpoint (compressed-tensors), the
+    /// tensor's or the row's scale beside every 32 values (`quant::fp8`).
+    F8E4M3,
 }
 
 impl DType {
-    /// Every type: the first eight Tessera read, then the ones added with issue 18, in the
-    /// order they were added. Useful for tests that cover them all.
-    pub const ALL: [DType; 15] = [
+    /// Every type: the GGML types, then FP8. Useful for tests that cover them all.
+    pub const ALL: [DType; 16] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4K,
+        DType::Q6K,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q5K,
+        DType::Q3K,
+        DType::Q2K,
+        DType::IQ4NL,
+        DType::IQ4XS,
+        DType::F8E4M3,
+    ];
+
+    /// The GGML types (those a GGUF file may hold): the first eight Tessera read, then the
+    /// ones added with issue 18, in the order they were added.
+    pub const GGML: [DType; 15] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -64,9 +89,13 @@ impl DType {
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
-                32
-            }
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::IQ4NL
+            | DType::F8E4M3 => 32,
             DType::Q4K | DType::Q6K | DType::Q5K | DType::Q3K | DType::Q2K | DType::IQ4XS => 256,
         }
     }
@@ -88,10 +117,11 @@ impl DType {
             DType::Q2K => 84,
             DType::IQ4NL => 18,
             DType::IQ4XS => 136,
+            DType::F8E4M3 => 36,
         }
     }
 
-    /// True for the block-quantized GGML formats.
+    /// True for the block-quantized formats.
     pub const fn is_quantized(self) -> bool {
         self.block_elems() > 1
     }
@@ -108,9 +138,9 @@ impl DType {
         Ok(cols / self.block_elems() * self.block_bytes())
     }
 
-    /// The GGML type id used in GGUF files.
-    pub const fn ggml_id(self) -> u32 {
-        match self {
+    /// The GGML type id used in GGUF files (`None`: not a GGML type).
+    pub const fn ggml_id(self) -> Option<u32> {
+        Some(match self {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
@@ -126,15 +156,16 @@ impl DType {
             DType::IQ4NL => 20,
             DType::IQ4XS => 23,
             DType::BF16 => 30,
-        }
+            DType::F8E4M3 => return None,
+        })
     }
 
     /// The type with GGML id `id`, or `None` for a type Tessera does not support.
     pub fn from_ggml_id(id: u32) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.ggml_id() == id)
+        DType::GGML.into_iter().find(|d| d.ggml_id() == Some(id))
     }
 
-    /// The name GGML and llama.cpp use (`Q4_K`, `BF16`, ...).
+    /// The name GGML and llama.cpp use (`Q4_K`, `BF16`, ...); safetensors' for FP8.
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
@@ -152,6 +183,7 @@ impl DType {
             DType::Q2K => "Q2_K",
             DType::IQ4NL => "IQ4_NL",
             DType::IQ4XS => "IQ4_XS",
+            DType::F8E4M3 => "F8_E4M3",
         }
     }
 }

@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
 use tessera_kernels::cpu::{Features, RowDot};
 use tessera_kernels::matmul::{MatRef, matmul, matmul_reference};
-use tessera_kernels::quant::{dequantize_row, dot_row};
+use tessera_kernels::quant::{dequantize_row, dot_row, fp8};
 
 mod common;
 use common::random_rows;
@@ -84,6 +84,31 @@ fn threaded_matmul_matches_reference_for_one_and_many_tokens() {
                     "{dtype} n {n}: {a} vs {b}"
                 );
             }
+        }
+    }
+}
+
+/// Every e4m3fn code through the SIMD row-dot: a block of 32 copies of the code at scale
+/// 0.5, dotted with a one-hot vector, is exactly half the code's value (and NaN for the two
+/// NaN codes), as the scalar path gives. (-0 sums to 0: zeros compare equal.)
+#[test]
+fn every_fp8_code_dots_to_its_value() {
+    let dtype = DType::F8E4M3;
+    let mut x = vec![0.0f32; 32];
+    x[0] = 1.0;
+    let dot = RowDot::new(&x, dtype);
+    for q in 0..=255u8 {
+        let mut row = vec![0u8; dtype.row_bytes(32).unwrap()];
+        fp8::pack_row(&[q; 32], 0.5, &mut row).unwrap();
+        let want = 0.5 * fp8::E4M3[q as usize];
+        for (path, got) in [
+            ("simd", dot.dot(dtype, &row).unwrap()),
+            ("scalar", dot_row(dtype, &row, &x).unwrap()),
+        ] {
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{path}: code {q:#04x} gives {got}, not {want}"
+            );
         }
     }
 }

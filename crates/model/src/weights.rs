@@ -449,7 +449,7 @@ mod tests {
     }
 
     /// A `rows × cols` weight of `dtype` whose bytes are a fixed pseudo-random sequence,
-    /// with the f16 scales of every block set to small finite values.
+    /// with the scales of every block set to small finite values (and no FP8 NaN code).
     fn scrambled_weight(dtype: DType, rows: usize, cols: usize) -> Weight {
         let n_bytes = rows * dtype.row_bytes(cols).unwrap();
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -465,6 +465,9 @@ mod tests {
             for (k, &at) in quant::f16_scale_offsets(dtype).iter().enumerate() {
                 let v = 0.01 * (1 + (b + k) % 7) as f32;
                 block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+            if dtype == DType::F8E4M3 {
+                quant::fp8::make_finite(block, 0.01 * (1 + b % 7) as f32);
             }
         }
         Weight::new(

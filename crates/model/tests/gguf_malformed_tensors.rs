@@ -37,7 +37,7 @@ fn tensor_data_out_of_bounds() {
         .raw_tensor(
             "far.weight",
             &[64],
-            DType::F32.ggml_id(),
+            DType::F32.ggml_id().unwrap(),
             256,
             Some(1 << 20),
         )
@@ -49,7 +49,7 @@ fn tensor_data_out_of_bounds() {
         .raw_tensor(
             "wrap.weight",
             &[64],
-            DType::F32.ggml_id(),
+            DType::F32.ggml_id().unwrap(),
             256,
             Some(u64::MAX - 31),
         )
@@ -66,7 +66,7 @@ fn tensor_data_out_of_bounds() {
 #[test]
 fn misaligned_offset() {
     let bytes = Gguf::new()
-        .raw_tensor("a", &[64], DType::F32.ggml_id(), 256, Some(16))
+        .raw_tensor("a", &[64], DType::F32.ggml_id().unwrap(), 256, Some(16))
         .bytes();
     let err = open_err(&bytes, &["tensor a", "16", "32"]);
     assert!(matches!(err, GgufError::MisalignedTensor { .. }), "{err}");
@@ -95,7 +95,7 @@ fn alignment_is_honoured_and_checked() {
     // A 32-aligned offset is misaligned under alignment 256.
     let bytes = Gguf::new()
         .alignment(256)
-        .raw_tensor("b", &[8], DType::F32.ggml_id(), 32, Some(32))
+        .raw_tensor("b", &[8], DType::F32.ggml_id().unwrap(), 32, Some(32))
         .bytes();
     open_err(&bytes, &["tensor b"]);
     for bad in [0, 48] {
@@ -110,7 +110,7 @@ fn alignment_is_honoured_and_checked() {
 
 #[test]
 fn bad_shapes() {
-    let q4k = DType::Q4K.ggml_id();
+    let q4k = DType::Q4K.ggml_id().unwrap();
     let err = open_err(
         &Gguf::new()
             .raw_tensor("p", &[128, 2], q4k, 144, None)
@@ -121,7 +121,7 @@ fn bad_shapes() {
         matches!(err, GgufError::PartialBlock { cols: 128, .. }),
         "{err}"
     );
-    let f32_id = DType::F32.ggml_id();
+    let f32_id = DType::F32.ggml_id().unwrap();
     for dims in [&[][..], &[1, 1, 1, 1, 1][..]] {
         let bytes = Gguf::new().raw_tensor("r", dims, f32_id, 4, None).bytes();
         let err = open_err(&bytes, &["tensor r"]);

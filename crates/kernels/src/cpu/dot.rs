@@ -175,6 +175,7 @@ impl<'a> BatchDot<'a> {
                     DType::Q2K => each_row!(row, xs, _s, avx2::dot_q2_k(row, xs)),
                     DType::IQ4NL => each_row!(row, xs, _s, avx2::dot_iq4_nl(row, xs)),
                     DType::IQ4XS => each_row!(row, xs, _s, avx2::dot_iq4_xs(row, xs)),
+                    DType::F8E4M3 => each_row!(row, xs, _s, avx2::dot_f8_e4m3(row, xs)),
                     DType::Q4K | DType::Q6K => each_row!(
                         row,
                         xs,

@@ -3,8 +3,8 @@
 //! This module owns the meaning of the bytes of a weight row in every [`DType`]: the layouts
 //! of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS exactly
 //! as GGML defines them (`ggml-common.h`, and gguf-py's `quants.py`, which the fixture tests
-//! compare against bit for bit), plus the float types F32, F16 and BF16 seen as one-value
-//! blocks.
+//! compare against bit for bit), the float types F32, F16 and BF16 seen as one-value
+//! blocks, and Tessera's FP8 blocks ([`fp8`]).
 //!
 //! - [`dequantize_row`]: one stored row to f32.
 //! - [`dot_row`]: one stored row · an f32 vector, block by block ([`dot_rows`]: · several
@@ -13,11 +13,12 @@
 //!   rounding error is far below any f32 kernel's.
 //! - Per-format block functions and layout constants, public so SIMD kernels reuse them:
 //!   [`float`], [`q8_0`], [`q4`] (Q4_0, Q4_1), [`q5`] (Q5_0, Q5_1), [`k_quants`] (Q4_K,
-//!   Q5_K, Q6_K), [`k_quants_small`] (Q2_K, Q3_K), [`iq4`] (IQ4_NL, IQ4_XS).
+//!   Q5_K, Q6_K), [`k_quants_small`] (Q2_K, Q3_K), [`iq4`] (IQ4_NL, IQ4_XS), [`fp8`].
 //!
 //! Nothing here allocates.
 
 pub mod float;
+pub mod fp8;
 pub mod iq4;
 pub mod k_quants;
 pub mod k_quants_small;
@@ -25,6 +26,7 @@ pub mod q4;
 pub mod q5;
 pub mod q8_0;
 
+pub use fp8::dequantize_block_f8_e4m3;
 pub use iq4::{dequantize_block_iq4_nl, dequantize_block_iq4_xs};
 pub use k_quants::{dequantize_block_q4_k, dequantize_block_q5_k, dequantize_block_q6_k};
 pub use k_quants_small::{dequantize_block_q2_k, dequantize_block_q3_k};
@@ -57,6 +59,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         DType::Q2K => dequantize_blocks(src, dst, dequantize_block_q2_k),
         DType::IQ4NL => dequantize_blocks(src, dst, dequantize_block_iq4_nl),
         DType::IQ4XS => dequantize_blocks(src, dst, dequantize_block_iq4_xs),
+        DType::F8E4M3 => dequantize_blocks(src, dst, dequantize_block_f8_e4m3),
     }
     Ok(())
 }
@@ -95,17 +98,19 @@ pub fn dot_rows<const T: usize>(
         DType::Q2K => dot_blocks(src, xs, dequantize_block_q2_k),
         DType::IQ4NL => dot_blocks(src, xs, dequantize_block_iq4_nl),
         DType::IQ4XS => dot_blocks(src, xs, dequantize_block_iq4_xs),
+        DType::F8E4M3 => dot_blocks(src, xs, dequantize_block_f8_e4m3),
     };
     Ok(sums.map(|sum| sum as f32))
 }
 
 /// The byte offsets, in one block of `dtype`, of its f16 scale fields (`d`, and `m` or
-/// `dmin` where the format has one); empty for the float types. Every other byte of a
+/// `dmin` where the format has one); empty for the float types and FP8 (whose f32 scale
+/// [`fp8::make_finite`] sets). Every other byte of a
 /// quantized block is quant bits or packed sub-block scales, for which any value is valid:
 /// tests fill blocks with random bytes and put finite scales at these offsets.
 pub const fn f16_scale_offsets(dtype: DType) -> &'static [usize] {
     match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => &[],
+        DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 => &[],
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4NL | DType::IQ4XS => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
         DType::Q6K => &[k_quants::Q6_K_D_OFFSET],
@@ -195,6 +200,12 @@ mod tests {
                 for v in row.chunks_exact_mut(2) {
                     let x = half::bf16::from_f32(rng.random_range(-4.0f32..4.0));
                     v.copy_from_slice(&x.to_le_bytes());
+                }
+                &[]
+            }
+            DType::F8E4M3 => {
+                for block in row.chunks_exact_mut(dtype.block_bytes()) {
+                    fp8::make_finite(block, rng.random_range(-0.01f32..0.01));
                 }
                 &[]
             }

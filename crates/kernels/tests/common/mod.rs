@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
 use tessera_kernels::matmul::{MatRef, matmul, matmul_reference};
-use tessera_kernels::quant::{dequantize_row, f16_scale_offsets};
+use tessera_kernels::quant::{dequantize_row, f16_scale_offsets, fp8};
 
 /// Random stored rows of `dtype` with finite, moderate scales.
 pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -31,6 +31,11 @@ pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> 
             for c in data.chunks_exact_mut(2) {
                 let v = half::bf16::from_f32(rng.random_range(-1.0..1.0));
                 c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F8E4M3 => {
+            for block in data.chunks_exact_mut(dtype.block_bytes()) {
+                fp8::make_finite(block, rng.random_range(0.0001..0.01));
             }
         }
         _ => {

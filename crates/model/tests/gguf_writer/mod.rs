@@ -88,7 +88,13 @@ impl Gguf {
     pub fn tensor(self, name: &str, dims: &[u64], dtype: DType) -> Gguf {
         let rows: u64 = dims[1..].iter().product();
         let n_bytes = dtype.row_bytes(dims[0] as usize).unwrap() * rows as usize;
-        self.raw_tensor(name, dims, dtype.ggml_id(), n_bytes, None)
+        self.raw_tensor(
+            name,
+            dims,
+            dtype.ggml_id().expect("a GGML type"),
+            n_bytes,
+            None,
+        )
     }
 
     pub fn raw_tensor(
