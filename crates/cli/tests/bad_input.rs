@@ -195,7 +195,7 @@ fn run_with_config(edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Va
 #[test]
 fn unsupported_config_features_are_refused_by_name() {
     use serde_json::json;
-    let cases: [(&str, serde_json::Value, &[&str]); 9] = [
+    let cases: [(&str, serde_json::Value, &[&str]); 8] = [
         (
             "rope_scaling",
             json!({"rope_type": "yarn", "factor": 4.0}),
@@ -225,11 +225,6 @@ fn unsupported_config_features_are_refused_by_name() {
             "hidden_act",
             json!("gelu"),
             &["= gelu ", "supported: silu, gelu_pytorch_tanh"],
-        ),
-        (
-            "quantization_config",
-            json!({"quant_method": "fp8", "weight_block_size": [128, 128]}),
-            &["quant_method fp8", "use a GGUF file"],
         ),
         ("mlp_bias", json!(true), &["= true", "supported: false"]),
         ("num_experts", json!(4), &["= 4", "no mixture of experts"]),
@@ -269,4 +264,50 @@ fn a_zero_sliding_window_is_refused() {
         stderr.contains("`sliding_window` must be greater than 0"),
         "{stderr}"
     );
+}
+
+/// A `quantization_config` other than compressed-tensors FP8 weights by tensor or channel is
+/// refused naming its key (the FP8 fixture's own config with one field changed, and the
+/// block-scaled `fp8` method).
+#[test]
+fn quantization_configs_other_than_fp8_by_tensor_or_channel_are_refused() {
+    use serde_json::json;
+    let groups = "quantization_config.config_groups.group_0.weights";
+    let cases = [
+        (
+            "/quant_method",
+            json!("fp8"),
+            "`quantization_config.quant_method` = fp8".to_string(),
+        ),
+        (
+            "/config_groups/group_0/weights/strategy",
+            json!("block"),
+            format!("`{groups}.strategy` = \"block\""),
+        ),
+        (
+            "/config_groups/group_0/weights/num_bits",
+            json!(4),
+            format!("`{groups}.num_bits` = 4"),
+        ),
+    ];
+    for (pointer, value, wanted) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        std::fs::create_dir(&dir).unwrap();
+        for name in ["config.json", "generation_config.json", "model.safetensors"] {
+            std::fs::copy(fixture("llama-fp8/fp8-channel").join(name), dir.join(name)).unwrap();
+        }
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        *config["quantization_config"].pointer_mut(pointer).unwrap() = value;
+        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let stderr = generate_fails(&dir);
+        assert!(stderr.contains(&wanted), "{wanted:?} missing from {stderr}");
+        assert!(
+            stderr.contains("supported: compressed-tensors FP8"),
+            "{stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "one error, got {stderr}");
+    }
 }

@@ -16,6 +16,7 @@ use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
 mod block;
+mod quant;
 mod refuse;
 
 pub use block::{Activation, BlockConfig};

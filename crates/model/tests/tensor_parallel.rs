@@ -218,6 +218,28 @@ fn quantized_gguf_at_tp2_keeps_block_aligned_slices() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// FP8 blocks carry their row's scale: rows split as they are, and columns at tp 2 (o_proj
+/// 32, down_proj 64 per rank) on whole 32-value blocks; at tp 4 each rank's o_proj (16
+/// columns) falls back to f32.
+#[test]
+fn fp8_checkpoints_match_tp1_and_transformers_at_tp_2_and_4() {
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for variant in ["fp8-channel", "fp8-tensor"] {
+        runs += check_variant("llama-fp8", variant, &[2, 4], &mut failures);
+    }
+    assert_eq!(runs, 4, "llama-fp8 no longer splits at tp 2 and 4?");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let path = fixtures().join("llama-fp8/fp8-channel");
+    for (tp, dequantized) in [(2, 0), (4, 2)] {
+        let outcomes = run_group(&path, tp, &[vec![1, 2, 3]], 1);
+        assert!(
+            outcomes.iter().all(|o| o.dequantized == dequantized),
+            "tp {tp}"
+        );
+    }
+}
+
 #[test]
 fn quantized_gguf_at_tp4_dequantizes_unaligned_column_slices() {
     // o_proj: 64 columns / 4 = 16 per rank, half a block: each rank's o_proj (2 layers) is

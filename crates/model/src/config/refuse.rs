@@ -1,9 +1,9 @@
 //! What a model file asks for that Tessera cannot run, refused at load with one
 //! [`ModelError::Unsupported`] that names the file, the key and what is supported: mixtures of
-//! experts, MLP biases, pre-quantized HuggingFace checkpoints (FP8 and the like), rope scaling
-//! types other than linear and llama3, and model classes other than the causal LMs Tessera
-//! runs (activations and layer types are refused in `block`). A model is never run with a part
-//! of its config silently ignored.
+//! experts, MLP biases, rope scaling types other than linear and llama3, and model classes
+//! other than the causal LMs Tessera runs (activations and layer types are refused in
+//! `block`, pre-quantized checkpoints other than FP8 in `quant`). A model is never run with a
+//! part of its config silently ignored.
 
 use std::path::Path;
 
@@ -35,13 +35,7 @@ impl HfFeatureSpec {
     /// Refuses the first feature the forward pass would not honour.
     pub(super) fn check(&self, path: &Path) -> Result<(), ModelError> {
         if let Some(q) = self.quantization_config.as_ref().filter(|v| !v.is_null()) {
-            let method = q.get("quant_method").and_then(Value::as_str);
-            return Err(unsupported(
-                path,
-                "quantization_config",
-                method.map_or_else(|| q.to_string(), |m| format!("quant_method {m}")),
-                "float32, float16 or bfloat16 safetensors; for quantized weights use a GGUF file",
-            ));
+            super::quant::check(path, q)?;
         }
         for (key, count) in [
             ("num_local_experts", self.num_local_experts),
