@@ -47,6 +47,48 @@ extern "C" __global__ void matvec_q8_0(
     store_row(out, rows, row, acc);
 }
 
+// An e4m3fn code's value · 2^-8: moved into f16's layout (sign to bit 15, exponent and
+// mantissa up 7 bits) it reads as that exactly, subnormals included, f16's exponent bias
+// being 15 where e4m3fn's is 7; a NaN code (S.1111.111) becomes an f16 NaN. Twin:
+// `quant::fp8::E4M3` (and the AVX2 kernel's `e4m3_as_f16`).
+__device__ __forceinline__ float e4m3_scaled(unsigned int q) {
+    unsigned int bits = ((q & 0x80u) << 8) | ((q & 0x7fu) << 7);
+    if ((q & 0x7fu) == 0x7fu) {
+        bits |= 0x7c00u;
+    }
+    return f16_to_f32((f16_t)bits);
+}
+
+// FP8 (Tessera's F8E4M3): blocks of 32 values, 36 bytes: f32 scale s (the checkpoint's
+// tensor or row scale), then 32 e4m3fn codes. value = s · e4m3(q). cols % 32 == 0.
+extern "C" __global__ void matvec_f8_e4m3(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    const unsigned int row = warp_row();
+    if (row >= rows) {
+        return;
+    }
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int blocks = cols / 32;
+    const unsigned char* wr = w + (size_t)row * blocks * 36;
+    const float* xt = x + (size_t)blockIdx.y * cols;
+    float acc = 0.0f;
+    for (unsigned int b = lane; b < blocks; b += 32) {
+        const unsigned char* blk = wr + (size_t)b * 36;
+        const float* xb = xt + b * 32;
+        float dot = 0.0f;
+        for (unsigned int i = 0; i < 32; ++i) {
+            dot += e4m3_scaled(blk[4 + i]) * xb[i];
+        }
+        // Blocks are 36 bytes from the allocation's start, so the scale is 4-byte aligned.
+        acc += *(const float*)blk * 256.0f * dot;
+    }
+    store_row(out, rows, row, acc);
+}
+
 // The 6-bit scale and minimum of Q4_K sub-block j (0..8) from the 12 packed bytes.
 __device__ __forceinline__ void q4_k_scale_min(
     unsigned int j, const unsigned char* s, float* sc, float* m) {

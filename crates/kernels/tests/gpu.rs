@@ -17,7 +17,7 @@ use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{AttentionKernel, AttentionTarget};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
-use tessera_kernels::quant::{dequantize_row, quantize_row_q8_0};
+use tessera_kernels::quant::{dequantize_row, fp8, quantize_row_q8_0};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
 mod fused_case;
@@ -396,82 +396,6 @@ fn grouped_attention_matches_the_cpu_for_each_group_head_size_and_split() {
 }
 
 #[test]
-fn both_attention_kernels_slide_a_window() {
-    let Some(dev) = device() else { return };
-    let ops = ops(&dev);
-    let mut rng = StdRng::seed_from_u64(13);
-    let layout = KvLayout {
-        block_size: 16,
-        kv_heads: 2,
-        head_dim: 64,
-    };
-    let q_heads = 8;
-    // Contexts on both sides of each window, of the blocks' edges and of the legacy
-    // kernel's 256-position partitions.
-    let contexts: Vec<u32> = vec![1, 15, 17, 100, 255, 257, 1000, 4097];
-    let lens: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
-    let query_seq: Vec<u32> = (0..contexts.len() as u32).collect();
-    let case = PagedCase::new(&mut rng, layout, &lens);
-    let q = random(&mut rng, contexts.len() * q_heads * layout.head_dim, 1.0);
-    let whole = case.attend(&q, &query_seq, &contexts, q_heads);
-    for window in [1, 16, 100, 257, 4096] {
-        let want = case.attend_window(&q, &query_seq, &contexts, q_heads, Some(window));
-        // Every window is shorter than the longest context, so it moves the twin's output.
-        let moved = want
-            .iter()
-            .zip(&whole)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            moved > 1e-3,
-            "a window of {window} moved the output by {moved}"
-        );
-        let runs = [
-            (AttentionKernel::Legacy, None),
-            (AttentionKernel::Grouped, Some(1)),
-            (AttentionKernel::Grouped, None),
-            (AttentionKernel::Grouped, Some(7)),
-        ];
-        for (kernel, partitions) in runs {
-            let target = AttentionTarget {
-                kernel,
-                ..case.target(q_heads, partitions)
-            };
-            let mut index = ops
-                .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-                .unwrap();
-            index.set_window(Some(window)).unwrap();
-            let what = format!(
-                "{kernel} attention, window {window}, {} partitions",
-                index.partitions()
-            );
-            close(
-                &what,
-                &case.run(&ops, &q, &mut index),
-                &want,
-                GROUPED_TOLERANCE,
-            );
-            // And back to the whole context on the same index.
-            index.set_window(None).unwrap();
-            close(
-                &what,
-                &case.run(&ops, &q, &mut index),
-                &whole,
-                GROUPED_TOLERANCE,
-            );
-        }
-    }
-    let target = case.target(q_heads, None);
-    let mut index = ops
-        .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-        .unwrap();
-    assert!(
-        index.set_window(Some(0)).is_err(),
-        "a window of 0 positions"
-    );
-}
-
-#[test]
 fn grouped_attention_serves_a_causal_chunk_and_a_refilled_index() {
     let Some(dev) = device() else { return };
     let ops = ops(&dev);
@@ -569,7 +493,13 @@ fn quantized_matvecs_match_the_cpu_dot_products() {
         block[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
         block[2..4].copy_from_slice(&half::f16::from_f32(0.005).to_le_bytes());
     }
-    for (dtype, w) in [(DType::Q8_0, &q8), (DType::Q4K, &q4k)] {
+    // FP8: random codes (NaN ones cleared) under a different scale per block.
+    let mut f8 = vec![0u8; rows * cols / 32 * 36];
+    for block in f8.chunks_mut(36) {
+        rng.fill(&mut block[4..]);
+        fp8::make_finite(block, rng.random_range(0.001..0.01));
+    }
+    for (dtype, w) in [(DType::Q8_0, &q8), (DType::Q4K, &q4k), (DType::F8E4M3, &f8)] {
         let (w_dev, x_dev) = (ops.upload(w).unwrap(), ops.upload(&x).unwrap());
         let mut out = ops.alloc::<f32>(rows * tokens).unwrap();
         ops.matvec_quantized(&mut out, &w_dev, dtype, &x_dev, rows, cols)

@@ -185,6 +185,7 @@ const FIXTURES: &[&str] = &[
     "qwen2-bias-tied/model.F32.gguf",
     "qwen3/model.F32.gguf",
     "qwen3/bf16",
+    "llama-fp8/fp8-channel",
 ];
 
 #[test]

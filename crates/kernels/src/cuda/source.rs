@@ -70,7 +70,10 @@ pub const FAMILIES: &[KernelFamily] = &[
             "attention_grouped_reduce",
         ]
     ),
-    family!("dequant_matmul.cu", ["matvec_q8_0", "matvec_q4_k"]),
+    family!(
+        "dequant_matmul.cu",
+        ["matvec_q8_0", "matvec_q4_k", "matvec_f8_e4m3"]
+    ),
     family!("gemv.cu", &super::ops::gemv::GEMV_ENTRIES),
     family!("sampling.cu", ["sample_rows"]),
 ];

@@ -1,13 +1,14 @@
 //! A paged KV cache of random values for the attention kernels' GPU tests (`gpu.rs`): the
-//! same bf16-rounded K/V on the device and in the CPU twin's f32 pools.
+//! same bf16-rounded K/V on the device and in the CPU twin's f32 pools; and the test of
+//! both kernels' sliding window, part of the `gpu` test binary.
 
-use rand::Rng as _;
 use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
 use tessera_kernels::attention::{AttentionParams, KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{AttentionIndex, AttentionKernel, AttentionTarget};
 
-use super::{random, rounded, to_bf16};
+use super::{close, device, ops, random, rounded, to_bf16};
 
 /// A paged cache of random K/V (bf16 on the device; the CPU twin's f32 pools hold the same
 /// rounded values) with one sequence per length, its blocks shuffled over the pool.
@@ -120,3 +121,79 @@ impl PagedCase {
 /// the kernel measured ≤ 3e-7 against an f64 reference); 1e-4 leaves room for the
 /// device's rounding while a wrong position, head or partition weight is off by far more.
 pub const GROUPED_TOLERANCE: f32 = 1e-4;
+
+#[test]
+fn both_attention_kernels_slide_a_window() {
+    let Some(dev) = device() else { return };
+    let ops = ops(&dev);
+    let mut rng = StdRng::seed_from_u64(13);
+    let layout = KvLayout {
+        block_size: 16,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let q_heads = 8;
+    // Contexts on both sides of each window, of the blocks' edges and of the legacy
+    // kernel's 256-position partitions.
+    let contexts: Vec<u32> = vec![1, 15, 17, 100, 255, 257, 1000, 4097];
+    let lens: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
+    let query_seq: Vec<u32> = (0..contexts.len() as u32).collect();
+    let case = PagedCase::new(&mut rng, layout, &lens);
+    let q = random(&mut rng, contexts.len() * q_heads * layout.head_dim, 1.0);
+    let whole = case.attend(&q, &query_seq, &contexts, q_heads);
+    for window in [1, 16, 100, 257, 4096] {
+        let want = case.attend_window(&q, &query_seq, &contexts, q_heads, Some(window));
+        // Every window is shorter than the longest context, so it moves the twin's output.
+        let moved = want
+            .iter()
+            .zip(&whole)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            moved > 1e-3,
+            "a window of {window} moved the output by {moved}"
+        );
+        let runs = [
+            (AttentionKernel::Legacy, None),
+            (AttentionKernel::Grouped, Some(1)),
+            (AttentionKernel::Grouped, None),
+            (AttentionKernel::Grouped, Some(7)),
+        ];
+        for (kernel, partitions) in runs {
+            let target = AttentionTarget {
+                kernel,
+                ..case.target(q_heads, partitions)
+            };
+            let mut index = ops
+                .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+                .unwrap();
+            index.set_window(Some(window)).unwrap();
+            let what = format!(
+                "{kernel} attention, window {window}, {} partitions",
+                index.partitions()
+            );
+            close(
+                &what,
+                &case.run(&ops, &q, &mut index),
+                &want,
+                GROUPED_TOLERANCE,
+            );
+            // And back to the whole context on the same index.
+            index.set_window(None).unwrap();
+            close(
+                &what,
+                &case.run(&ops, &q, &mut index),
+                &whole,
+                GROUPED_TOLERANCE,
+            );
+        }
+    }
+    let target = case.target(q_heads, None);
+    let mut index = ops
+        .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
+        .unwrap();
+    assert!(
+        index.set_window(Some(0)).is_err(),
+        "a window of 0 positions"
+    );
+}

@@ -9,7 +9,7 @@
 //! `TESSERA_FUSED=1` the fused one (q|k|v stacked, norms and SiLU·mul writing bf16, RoPE,
 //! bias and KV write in one kernel or inside the decode attention). Projections run as bf16 GEMMs on cuBLAS
 //! (f32 sums) — with `TESSERA_GEMV=1`, batches of at most 8 tokens through the bf16 GEMV
-//! kernel instead — or as dequantizing matvecs for Q8_0 and Q4_K weights. Activations and the
+//! kernel instead — or as dequantizing matvecs for Q8_0, Q4_K and FP8 weights. Activations and the
 //! residual stream are f32; the KV cache is bf16.
 //!
 //! Between ranks, the pass takes its group's collective as a [`SliceComm`]: an NCCL group

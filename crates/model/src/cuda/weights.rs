@@ -1,4 +1,4 @@
-//! A rank's weights on the device. Q8_0 and Q4_K projections stay quantized and run
+//! A rank's weights on the device. Q8_0, Q4_K and FP8 projections stay quantized and run
 //! through the dequantizing matvec kernels; every other type is converted to bf16 once,
 //! at upload, and runs through cuBLAS (the quantized ones among them are named in one log
 //! line, see [`dequantized_at_upload`]). Norms and biases are f32.
@@ -33,7 +33,7 @@ pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
 
 /// Whether the device keeps weights of `dtype` as stored (a matvec kernel reads them).
 fn stays_quantized(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4K)
+    matches!(dtype, DType::Q8_0 | DType::Q4K | DType::F8E4M3)
 }
 
 /// The quantized types among `weights` that no device kernel reads, so that they are
@@ -217,7 +217,7 @@ mod tests {
             dequantized_at_upload(&ws),
             [DType::Q5_0, DType::IQ4XS, DType::Q2K]
         );
-        let kept = [DType::Q8_0, DType::Q4K, DType::F16].map(zeros);
+        let kept = [DType::Q8_0, DType::Q4K, DType::F8E4M3, DType::F16].map(zeros);
         assert!(dequantized_at_upload(&kept).is_empty());
     }
 }

@@ -40,7 +40,7 @@ const SAMPLE_THREADS: u32 = 1024;
 /// `crates/kernels/tests/nvrtc.rs` checks with ptxas), `None` for an unknown entry.
 pub fn block_threads(entry: &str) -> Option<u32> {
     match entry {
-        "matvec_q8_0" | "matvec_q4_k" => Some(32 * MATVEC_WARPS),
+        "matvec_q8_0" | "matvec_q4_k" | "matvec_f8_e4m3" => Some(32 * MATVEC_WARPS),
         "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
         "sample_rows" => Some(SAMPLE_THREADS),
         _ if entry.starts_with("gemv_bf16_") => Some(gemv::GEMV_THREADS),
@@ -359,8 +359,8 @@ impl<'a> Ops<'a> {
         self.run("add_bias_f32", &mut a, config)
     }
 
-    /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for GGML-quantized `w` (`rows` rows of `cols`):
-    /// `DType::Q8_0` or `DType::Q4K`.
+    /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for block-quantized `w` (`rows` rows of `cols`):
+    /// `DType::Q8_0`, `DType::Q4K` or `DType::F8E4M3`.
     pub fn matvec_quantized(
         &self,
         out: &mut impl DevicePtrMut<f32>,
@@ -373,6 +373,7 @@ impl<'a> Ops<'a> {
         let (entry, block_elems, block_bytes) = match dtype {
             crate::DType::Q8_0 => ("matvec_q8_0", 32, 34),
             crate::DType::Q4K => ("matvec_q4_k", 256, 144),
+            crate::DType::F8E4M3 => ("matvec_f8_e4m3", 32, 36),
             _ => {
                 return Err(CudaError::Unsupported {
                     what: format!("a dequantizing matvec for {dtype}"),
