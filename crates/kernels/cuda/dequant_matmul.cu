@@ -1,6 +1,7 @@
-// Dequantizing matrix × vectors for GGML block-quantized weights, for the small batches
-// of decode: out[t, r] = Σ_c W[r, c] · x[t, c]. One warp per (row, token): grid
-// (ceil(rows / warps per block), tokens). Twins: `matmul` with the `quant` dot products.
+// Dequantizing matrix × vectors for block-quantized weights (GGML's, and FP8), for the
+// small batches of decode: out[t, r] = Σ_c W[r, c] · x[t, c]. One warp per (row, token):
+// grid (ceil(rows / warps per block), tokens). Twins: `matmul` with the `quant` dot
+// products.
 
 __device__ __forceinline__ float load_f16(const unsigned char* p) {
     return f16_to_f32((f16_t)(p[0] | (p[1] << 8)));
@@ -19,6 +20,39 @@ __device__ __forceinline__ void store_row(float* out, unsigned int rows, unsigne
     }
 }
 
+// The matvec of a type whose blocks hold 32 values in BYTES bytes: each lane takes every
+// 32nd block of the row and adds scale(block) · Σ_i value(block, i) · x[i] over it.
+// cols % 32 == 0.
+template <unsigned int BYTES, typename Scale, typename Value>
+__device__ __forceinline__ void matvec_blocks32(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols,
+    Scale scale,
+    Value value) {
+    const unsigned int row = warp_row();
+    if (row >= rows) {
+        return;
+    }
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int blocks = cols / 32;
+    const unsigned char* wr = w + (size_t)row * blocks * BYTES;
+    const float* xt = x + (size_t)blockIdx.y * cols;
+    float acc = 0.0f;
+    for (unsigned int b = lane; b < blocks; b += 32) {
+        const unsigned char* blk = wr + (size_t)b * BYTES;
+        const float* xb = xt + b * 32;
+        float dot = 0.0f;
+        for (unsigned int i = 0; i < 32; ++i) {
+            dot += value(blk, i) * xb[i];
+        }
+        acc += scale(blk) * dot;
+    }
+    store_row(out, rows, row, acc);
+}
+
 // Q8_0: blocks of 32 values, 34 bytes: f16 scale d, then 32 signed quants. cols % 32 == 0.
 extern "C" __global__ void matvec_q8_0(
     float* out,
@@ -26,25 +60,10 @@ extern "C" __global__ void matvec_q8_0(
     const float* x,
     unsigned int rows,
     unsigned int cols) {
-    const unsigned int row = warp_row();
-    if (row >= rows) {
-        return;
-    }
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int blocks = cols / 32;
-    const unsigned char* wr = w + (size_t)row * blocks * 34;
-    const float* xt = x + (size_t)blockIdx.y * cols;
-    float acc = 0.0f;
-    for (unsigned int b = lane; b < blocks; b += 32) {
-        const unsigned char* blk = wr + (size_t)b * 34;
-        const float* xb = xt + b * 32;
-        float dot = 0.0f;
-        for (unsigned int i = 0; i < 32; ++i) {
-            dot += (float)(signed char)blk[2 + i] * xb[i];
-        }
-        acc += load_f16(blk) * dot;
-    }
-    store_row(out, rows, row, acc);
+    matvec_blocks32<34>(
+        out, w, x, rows, cols,
+        [](const unsigned char* blk) { return load_f16(blk); },
+        [](const unsigned char* blk, unsigned int i) { return (float)(signed char)blk[2 + i]; });
 }
 
 // An e4m3fn code's value · 2^-8: moved into f16's layout (sign to bit 15, exponent and
@@ -60,33 +79,19 @@ __device__ __forceinline__ float e4m3_scaled(unsigned int q) {
 }
 
 // FP8 (Tessera's F8E4M3): blocks of 32 values, 36 bytes: f32 scale s (the checkpoint's
-// tensor or row scale), then 32 e4m3fn codes. value = s · e4m3(q). cols % 32 == 0.
+// tensor or row scale), then 32 e4m3fn codes. value = s · e4m3(q). cols % 32 == 0. Blocks
+// are 36 bytes from the allocation's start, so each scale is 4-byte aligned; it carries
+// the 2^8 that `e4m3_scaled` takes off.
 extern "C" __global__ void matvec_f8_e4m3(
     float* out,
     const unsigned char* w,
     const float* x,
     unsigned int rows,
     unsigned int cols) {
-    const unsigned int row = warp_row();
-    if (row >= rows) {
-        return;
-    }
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int blocks = cols / 32;
-    const unsigned char* wr = w + (size_t)row * blocks * 36;
-    const float* xt = x + (size_t)blockIdx.y * cols;
-    float acc = 0.0f;
-    for (unsigned int b = lane; b < blocks; b += 32) {
-        const unsigned char* blk = wr + (size_t)b * 36;
-        const float* xb = xt + b * 32;
-        float dot = 0.0f;
-        for (unsigned int i = 0; i < 32; ++i) {
-            dot += e4m3_scaled(blk[4 + i]) * xb[i];
-        }
-        // Blocks are 36 bytes from the allocation's start, so the scale is 4-byte aligned.
-        acc += *(const float*)blk * 256.0f * dot;
-    }
-    store_row(out, rows, row, acc);
+    matvec_blocks32<36>(
+        out, w, x, rows, cols,
+        [](const unsigned char* blk) { return *(const float*)blk * 256.0f; },
+        [](const unsigned char* blk, unsigned int i) { return e4m3_scaled(blk[4 + i]); });
 }
 
 // The 6-bit scale and minimum of Q4_K sub-block j (0..8) from the 12 packed bytes.

@@ -46,24 +46,15 @@ pub enum DType {
 
 impl DType {
     /// Every type: the GGML types, then FP8. Useful for tests that cover them all.
-    pub const ALL: [DType; 16] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q4K,
-        DType::Q6K,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q5K,
-        DType::Q3K,
-        DType::Q2K,
-        DType::IQ4NL,
-        DType::IQ4XS,
-        DType::F8E4M3,
-    ];
+    pub const ALL: [DType; 16] = {
+        let mut all = [DType::F8E4M3; 16];
+        let mut i = 0;
+        while i < DType::GGML.len() {
+            all[i] = DType::GGML[i];
+            i += 1;
+        }
+        all
+    };
 
     /// The GGML types (those a GGUF file may hold): the first eight Tessera read, then the
     /// ones added with issue 18, in the order they were added.
