@@ -2,7 +2,9 @@
 //! second at batch 1, 8, 64 and 256, and the fraction of the card's memory bandwidth each
 //! reaches, counting the bytes a step must read: every weight once, plus each sequence's
 //! KV cache. Models: a Llama-3.2-1B-shaped model with random bf16 weights (the shape is
-//! what matters for speed), and SmolLM2 when `models/` holds it.
+//! what matters for speed), the same shape with FP8 projections (as a compressed-tensors
+//! checkpoint holds them; they run through the FP8 matvec) when `TESSERA_BENCH_FP8=1`, and
+//! SmolLM2 when `models/` holds it.
 //!
 //! Each batch runs eagerly and through a graph, each sampling on the host (every row's
 //! logits downloaded and sampled as the step runner does, `TESSERA_DEVICE_SAMPLING=0`) and
@@ -29,6 +31,7 @@ use tessera_comm::Solo;
 use tessera_kernels::DType;
 use tessera_kernels::cuda::device::driver_present;
 use tessera_kernels::cuda::{AttentionKernel, CudaDevice, PtxCache};
+use tessera_kernels::quant::fp8;
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::ModelConfig;
 use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
@@ -55,10 +58,21 @@ const SYNTHETIC_CONFIG: &str = r#"{
   "bos_token_id": 1, "eos_token_id": 2
 }"#;
 
-/// Random bf16 tensors of the shapes a config implies.
+/// Random tensors of the shapes a config implies: bf16, or with the projections in FP8
+/// blocks (`fp8`).
 struct Synthetic {
     path: PathBuf,
     config: ModelConfig,
+    fp8: bool,
+}
+
+/// A random e4m3fn code whose value lies in ±[2^-3, 2^5) (exponents 4 ..= 11, never NaN),
+/// from the xorshift state's high bits.
+fn fp8_code(bits: u64) -> u8 {
+    let sign = ((bits >> 63) as u8) << 7;
+    let exponent = 4 + ((bits >> 60) as u8 & 0x07);
+    let mantissa = (bits >> 57) as u8 & 0x07;
+    sign | exponent << 3 | mantissa
 }
 
 impl TensorSource for Synthetic {
@@ -89,16 +103,32 @@ impl TensorSource for Synthetic {
             TensorId::Down(_) => (hidden, c.intermediate_size, 0.02),
         };
         let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (rows * 31 + cols) as u64;
-        let mut bytes = Vec::with_capacity(rows * cols * 2);
-        for _ in 0..rows * cols {
+        let mut next = move || {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            state
+        };
+        let name = id.hf_name();
+        let projection = !matches!(id, TensorId::Embed) && rows > 1;
+        if self.fp8 && projection {
+            // Codes of magnitude up to 32, scaled so that weights stay within ±`scale`.
+            let row_bytes = DType::F8E4M3.row_bytes(cols)?;
+            let mut bytes = vec![0u8; rows * row_bytes];
+            let mut codes = vec![0u8; cols];
+            for row in bytes.chunks_exact_mut(row_bytes) {
+                codes.iter_mut().for_each(|c| *c = fp8_code(next()));
+                fp8::pack_row(&codes, scale / 32.0, row)?;
+            }
+            let storage = Storage::from_vec(bytes);
+            return Weight::new(&self.path, &name, DType::F8E4M3, rows, cols, storage).map(Some);
+        }
+        let mut bytes = Vec::with_capacity(rows * cols * 2);
+        for _ in 0..rows * cols {
+            let unit = (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
             let value = if scale == 0.0 { 1.0 } else { unit * scale };
             bytes.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes());
         }
-        let name = id.hf_name();
         Weight::new(
             &self.path,
             &name,
@@ -111,7 +141,7 @@ impl TensorSource for Synthetic {
     }
 }
 
-fn synthetic() -> Llama {
+fn synthetic(fp8: bool) -> Llama {
     let dir = std::env::temp_dir().join("tessera-bench-llama-1b-shape");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), SYNTHETIC_CONFIG).unwrap();
@@ -119,6 +149,7 @@ fn synthetic() -> Llama {
     let source = Synthetic {
         path: dir,
         config: config.clone(),
+        fp8,
     };
     Llama::load(&source, config).unwrap()
 }
@@ -420,9 +451,18 @@ fn main() {
     }
     run(
         "Llama-3.2-1B shape, random bf16",
-        &synthetic(),
+        &synthetic(false),
         &device,
         steps,
         &params,
     );
+    if std::env::var("TESSERA_BENCH_FP8").as_deref() == Ok("1") {
+        run(
+            "Llama-3.2-1B shape, random FP8 projections (matvec)",
+            &synthetic(true),
+            &device,
+            steps,
+            &params,
+        );
+    }
 }
