@@ -303,6 +303,10 @@ impl Llama {
         let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, cache.num_blocks()))?;
         let n = ix.tokens.len();
         let positions: Vec<usize> = ix.positions.iter().map(|&p| p as usize).collect();
+        // Each token's sequence length at the end of this call: LongRoPE picks by it.
+        let lengths: Vec<usize> = (ix.query_seq.iter())
+            .map(|&q| batch[q as usize].start + batch[q as usize].tokens.len())
+            .collect();
         let visible: Vec<usize> = ix.contexts.iter().map(|&v| v as usize).collect();
         let tables: Vec<&[u32]> = (ix.query_seq.iter())
             .map(|&q| batch[q as usize].block_table)
@@ -318,7 +322,7 @@ impl Llama {
         let pass = Pass {
             config: c,
             rope: &self.rope,
-            rope_tables: self.rope.tables(&positions),
+            rope_tables: self.rope.tables_in(&positions, &lengths),
             tables,
             positions,
             visible,

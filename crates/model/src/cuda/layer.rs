@@ -6,6 +6,7 @@
 use tessera_kernels::cuda::{
     Append, AttentionIndex, AttentionKernel, CudaError, CudaSlice, Ops, RopeKv, Slots,
 };
+use tessera_kernels::rope::RopeScaling;
 
 use super::kv::{DeviceKv, Scratch};
 use super::weights::{DeviceLinear, Input};
@@ -16,11 +17,15 @@ use crate::launch_plan::{Biases, Launch, LayerShape, Norm, Proj, Rounded, layer_
 use crate::slice::SliceComm;
 
 /// Refuses a model whose block the device launches do not compute, rather than run it
-/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale, and sliding windows
-/// shorter than the context.
+/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale, sliding windows
+/// shorter than the context, and LongRoPE (its frequencies change with a sequence's length
+/// and it scales cos/sin; the device rotates by one fixed `inv_freq`). Phi-3 with plain
+/// RoPE is the Llama graph once its fused q|k|v and gate|up are split at load, and runs.
 pub(super) fn refuse_block(c: &ModelConfig) -> Result<(), ModelError> {
     let b = &c.block;
-    let what = if b.activation != Activation::Silu
+    let what = if matches!(c.rope.scaling, RopeScaling::LongRope(_)) {
+        format!("LongRoPE ({:?}'s `longrope` rope scaling)", c.architecture)
+    } else if b.activation != Activation::Silu
         || b.post_norms
         || b.attn_softcap.is_some()
         || b.final_softcap.is_some()
