@@ -160,7 +160,7 @@ impl HfRopeSpec {
                 .collect();
             let floats = floats
                 .ok_or_else(|| invalid(path, key, format!("`{name}` must be a list of numbers")))?;
-            check_factors(path, key, name, &floats, shape.head_dim)?;
+            check_factors(path, key, &format!("`{name}` "), &floats, shape.head_dim)?;
             Ok(floats)
         };
         let factor = v
@@ -180,11 +180,12 @@ impl HfRopeSpec {
     }
 }
 
-/// Refuses LongRoPE factors that are not one positive number per frequency.
+/// Refuses LongRoPE factors that are not one positive number per frequency; `what` names
+/// the list within `key` (with a trailing space), if it needs naming.
 fn check_factors(
     path: &Path,
     key: &str,
-    name: &str,
+    what: &str,
     factors: &[f32],
     head_dim: usize,
 ) -> Result<(), ModelError> {
@@ -193,7 +194,7 @@ fn check_factors(
             path,
             key,
             format!(
-                "`{name}` has {} values; a head of {head_dim} has {} frequencies",
+                "{what}has {} values; a head of {head_dim} has {} frequencies",
                 factors.len(),
                 head_dim / 2
             ),
@@ -203,7 +204,7 @@ fn check_factors(
         return Err(invalid(
             path,
             key,
-            format!("`{name}` holds {bad}; factors must be positive"),
+            format!("{what}holds {bad}; factors must be positive"),
         ));
     }
     Ok(())
@@ -249,7 +250,7 @@ pub(super) fn gguf_scaling(
             ("rope_factors_short.weight", &short_factor),
             ("rope_factors_long.weight", &long_factor),
         ] {
-            check_factors(path, name, "its values", factors, head_dim)?;
+            check_factors(path, name, "", factors, head_dim)?;
         }
         let attention_factor = match file.get_f32(&key("rope.scaling.attn_factor"))? {
             Some(a) => a,
