@@ -6,7 +6,9 @@
 //! (<https://arxiv.org/abs/2408.00118>) varies the block more ([`BlockConfig`]): a GeGLU
 //! MLP, an RMSNorm of each branch's output before it joins the residual, soft-capped
 //! attention and output logits, sliding windows on alternate layers, and an embedding
-//! scaled by `√hidden`.
+//! scaled by `√hidden`. Phi-3 (<https://arxiv.org/abs/2404.14219>) is the Llama graph with
+//! q|k|v and gate|up fused in its checkpoint (split at load), a sliding window on every
+//! layer when set, and LongRoPE ([`Rope`]).
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
 //! their K/V into the paged cache, and returns the logits of the last token. This file is
@@ -16,7 +18,8 @@
 //! <https://arxiv.org/abs/1909.08053>); the slicing arithmetic is `tessera_topology`'s
 //! [`RankPlan`]. A rank loaded with [`Llama::load_rank`] holds:
 //! - q/k/v (and their biases), gate and up: its rows (column-parallel: its attention heads,
-//!   its KV heads, its MLP rows) — sub-ranges of the memory map, nothing copied;
+//!   its KV heads, its MLP rows) — sub-ranges of the memory map, nothing copied; Phi-3's
+//!   fused tensors give each part's rows the same way;
 //! - o_proj and down_proj: the matching columns of every row (row-parallel), each followed
 //!   by an all-reduce of the partial sums over the group;
 //! - embedding and LM head: its vocabulary rows. A token outside them embeds as zeros and

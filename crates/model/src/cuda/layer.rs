@@ -389,3 +389,37 @@ fn no_qkv() -> ModelError {
         message: "the fused path's q|k|v buffer is missing".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn fixture_config(rel: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+        ModelConfig::from_path(&dir.join(rel)).unwrap()
+    }
+
+    /// Decided without a GPU: what a cuda shard refuses to run wrong, and that Phi-3 with
+    /// plain RoPE and no window shorter than the context is not among it.
+    #[test]
+    fn longrope_windows_and_gemma2_are_refused_plain_phi3_is_not() {
+        let phi3 = fixture_config("phi3/f32");
+        let e = refuse_block(&phi3).unwrap_err().to_string();
+        assert!(e.contains("LongRoPE") && e.contains("cpu devices"), "{e}");
+        let mut plain = phi3.clone();
+        plain.rope.scaling = RopeScaling::None;
+        let e = refuse_block(&plain).unwrap_err().to_string();
+        assert!(
+            e.contains("sliding-window attention (8-position window"),
+            "{e}"
+        );
+        plain.block.windows = vec![None; plain.num_hidden_layers];
+        refuse_block(&plain).unwrap();
+        let e = refuse_block(&fixture_config("gemma2/f32"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Gemma2 block"), "{e}");
+    }
+}
