@@ -291,46 +291,43 @@ fn a_zero_sliding_window_is_refused() {
 #[test]
 fn phi3_fused_tensors_and_longrope_are_checked_against_the_config() {
     use serde_json::json;
-    let phi3 = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
-        run_fixture_with_config("phi3/f32", edit)
-    };
-    let stderr = phi3(&|c| {
-        c.insert("num_key_value_heads".into(), 1.into());
-    });
-    for want in [
-        "fused tensor `model.layers.0.self_attn.qkv_proj.weight` has 128 rows",
-        "q + k + v = 64 + 16 + 16 add up to 96",
-    ] {
-        assert!(stderr.contains(want), "{want:?} missing from {stderr}");
+    type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
+    let cases: [(Edit, &[&str]); 5] = [
+        (
+            |c| drop(c.insert("num_key_value_heads".into(), 1.into())),
+            &[
+                "fused tensor `model.layers.0.self_attn.qkv_proj.weight` has 128 rows",
+                "q + k + v = 64 + 16 + 16 add up to 96",
+            ],
+        ),
+        (
+            |c| drop(c.insert("intermediate_size".into(), 24.into())),
+            &[
+                "fused tensor `model.layers.0.mlp.gate_up_proj.weight` has 64 rows",
+                "gate + up = 24 + 24 add up to 48",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0]),
+            &[
+                "config.json: `rope_scaling` `short_factor` has 3 values; a head of 16 has 8 frequencies",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["rope_type"] = json!("dynamic"),
+            &[
+                "`rope_scaling` = type dynamic is not supported; supported: default, linear, llama3, longrope",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["partial_rotary_factor"] = json!(0.5),
+            &["`partial_rotary_factor` = 0.5 is not supported"],
+        ),
+    ];
+    for (edit, wanted) in cases {
+        let stderr = run_fixture_with_config("phi3/f32", edit);
+        for want in wanted {
+            assert!(stderr.contains(want), "{want:?} missing from {stderr}");
+        }
     }
-    let stderr = phi3(&|c| {
-        c.insert("intermediate_size".into(), 24.into());
-    });
-    for want in [
-        "fused tensor `model.layers.0.mlp.gate_up_proj.weight` has 64 rows",
-        "gate + up = 24 + 24 add up to 48",
-    ] {
-        assert!(stderr.contains(want), "{want:?} missing from {stderr}");
-    }
-    let stderr = phi3(&|c| {
-        c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0]);
-    });
-    assert!(
-        stderr.contains("config.json: `rope_scaling` `short_factor` has 3 values; a head of 16 has 8 frequencies"),
-        "{stderr}"
-    );
-    let stderr = phi3(&|c| {
-        c["rope_parameters"]["rope_type"] = json!("dynamic");
-    });
-    assert!(
-        stderr.contains("`rope_scaling` = type dynamic is not supported; supported: default, linear, llama3, longrope"),
-        "{stderr}"
-    );
-    let stderr = phi3(&|c| {
-        c["rope_parameters"]["partial_rotary_factor"] = json!(0.5);
-    });
-    assert!(
-        stderr.contains("`partial_rotary_factor` = 0.5 is not supported"),
-        "{stderr}"
-    );
 }

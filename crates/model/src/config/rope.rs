@@ -220,15 +220,14 @@ pub(super) fn gguf_scaling(
 ) -> Result<RopeScaling, ModelError> {
     let path = file.path();
     let key = |name: &str| format!("{arch_name}.{name}");
-    if let Some(dims) = file.get_u64(&key("rope.dimension_count"))? {
-        if dims as usize != head_dim {
-            return Err(refuse::unsupported(
-                path,
-                &key("rope.dimension_count"),
-                dims.to_string(),
-                &format!("the head dimension, {head_dim} (RoPE over the whole head)"),
-            ));
-        }
+    let dims = file.get_u64(&key("rope.dimension_count"))?;
+    if let Some(dims) = dims.filter(|d| *d as usize != head_dim) {
+        return Err(refuse::unsupported(
+            path,
+            &key("rope.dimension_count"),
+            dims.to_string(),
+            &format!("the head dimension, {head_dim} (RoPE over the whole head)"),
+        ));
     }
     if let Some(factors) = vector(file, "rope_freqs.weight")? {
         return Ok(RopeScaling::Factors(factors));
