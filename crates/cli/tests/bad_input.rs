@@ -38,10 +38,15 @@ fn generate_fails(model: &Path) -> String {
 
 /// A copy of the f32 llama-gqa fixture directory to break.
 fn copy_model_dir(tmp: &Path) -> PathBuf {
+    copy_fixture_dir(tmp, "llama-gqa/f32")
+}
+
+/// A copy of the fixture directory `rel` to break.
+fn copy_fixture_dir(tmp: &Path, rel: &str) -> PathBuf {
     let dir = tmp.join("model");
     std::fs::create_dir(&dir).unwrap();
     for name in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(fixture("llama-gqa/f32").join(name), dir.join(name)).unwrap();
+        std::fs::copy(fixture(rel).join(name), dir.join(name)).unwrap();
     }
     dir
 }
@@ -180,8 +185,17 @@ fn text_prompt_without_tokenizer_says_what_to_do() {
 
 /// A copy of llama-gqa whose `config.json` has `edit` applied, and the stderr of running it.
 fn run_with_config(edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) -> String {
+    run_fixture_with_config("llama-gqa/f32", edit)
+}
+
+/// A copy of the fixture `rel` whose `config.json` has `edit` applied, and the stderr of
+/// running it.
+fn run_fixture_with_config(
+    rel: &str,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> String {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = copy_model_dir(tmp.path());
+    let dir = copy_fixture_dir(tmp.path(), rel);
     let path = dir.join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -291,23 +305,61 @@ fn quantization_configs_other_than_fp8_by_tensor_or_channel_are_refused() {
         ),
     ];
     for (pointer, value, wanted) in cases {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("model");
-        std::fs::create_dir(&dir).unwrap();
-        for name in ["config.json", "generation_config.json", "model.safetensors"] {
-            std::fs::copy(fixture("llama-fp8/fp8-channel").join(name), dir.join(name)).unwrap();
-        }
-        let path = dir.join("config.json");
-        let mut config: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        *config["quantization_config"].pointer_mut(pointer).unwrap() = value;
-        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        let stderr = generate_fails(&dir);
+        let stderr = run_fixture_with_config("llama-fp8/fp8-channel", |c| {
+            *c["quantization_config"].pointer_mut(pointer).unwrap() = value;
+        });
         assert!(stderr.contains(&wanted), "{wanted:?} missing from {stderr}");
         assert!(
             stderr.contains("supported: compressed-tensors FP8"),
             "{stderr}"
         );
         assert_eq!(stderr.lines().count(), 1, "one error, got {stderr}");
+    }
+}
+
+/// Phi-3's fused q|k|v and gate|up must hold exactly the rows the config's parts add up
+/// to; LongRoPE needs one factor per frequency; other rope types and a partial rotation
+/// are refused by name.
+#[test]
+fn phi3_fused_tensors_and_longrope_are_checked_against_the_config() {
+    use serde_json::json;
+    type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
+    let cases: [(Edit, &[&str]); 5] = [
+        (
+            |c| drop(c.insert("num_key_value_heads".into(), 1.into())),
+            &[
+                "fused tensor `model.layers.0.self_attn.qkv_proj.weight` has 128 rows",
+                "q + k + v = 64 + 16 + 16 add up to 96",
+            ],
+        ),
+        (
+            |c| drop(c.insert("intermediate_size".into(), 24.into())),
+            &[
+                "fused tensor `model.layers.0.mlp.gate_up_proj.weight` has 64 rows",
+                "gate + up = 24 + 24 add up to 48",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["short_factor"] = json!([1.0, 1.0, 1.0]),
+            &[
+                "config.json: `rope_scaling` `short_factor` has 3 values; a head of 16 has 8 frequencies",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["rope_type"] = json!("dynamic"),
+            &[
+                "`rope_scaling` = type dynamic is not supported; supported: default, linear, llama3, longrope",
+            ],
+        ),
+        (
+            |c| c["rope_parameters"]["partial_rotary_factor"] = json!(0.5),
+            &["`partial_rotary_factor` = 0.5 is not supported"],
+        ),
+    ];
+    for (edit, wanted) in cases {
+        let stderr = run_fixture_with_config("phi3/f32", edit);
+        for want in wanted {
+            assert!(stderr.contains(want), "{want:?} missing from {stderr}");
+        }
     }
 }

@@ -4,6 +4,14 @@
 //! The inverse frequencies are computed once per model ([`Rope::new`]); cos/sin for the
 //! positions of one forward pass once per pass ([`Rope::tables`]), then reused by every
 //! layer and head.
+//!
+//! LongRoPE (Ding et al., <https://arxiv.org/abs/2402.13753>; Phi-3's `longrope`, once
+//! `su`) keeps two sets of per-frequency divisors: the short ones while a sequence is no
+//! longer than the pretraining context, the long ones past it, and scales cos and sin by
+//! an attention factor. As in transformers 5 (`longrope_frequency_update`), the set is
+//! chosen once per forward call of a sequence, by the sequence's length at the end of the
+//! call: every position of that call rotates with it, and K cached by earlier calls keeps
+//! the rotation it was written with.
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +41,32 @@ pub enum RopeScaling {
     },
     /// One divisor per frequency, as stored in GGUF `rope_freqs.weight`.
     Factors(Vec<f32>),
+    /// LongRoPE: one divisor per frequency for short and for long sequences.
+    LongRope(LongRope),
+}
+
+/// LongRoPE's settings, as `rope_scaling` of type `longrope` gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// Divisors of `1/θ^(2i/d)` while the sequence is at most `original_max_position_embeddings`.
+    pub short_factor: Vec<f32>,
+    /// Divisors once it is longer.
+    pub long_factor: Vec<f32>,
+    pub original_max_position_embeddings: usize,
+    /// Multiplies cos and sin (transformers' `attention_scaling`).
+    pub attention_factor: f32,
+}
+
+impl LongRope {
+    /// transformers' default attention factor for a context stretched `factor` times beyond
+    /// `original`: `√(1 + ln factor / ln original)`, or 1 when not stretched.
+    pub fn default_attention_factor(factor: f64, original: usize) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / (original as f64).ln()).sqrt() as f32
+        }
+    }
 }
 
 /// Precomputed inverse frequencies of one model.
@@ -40,6 +74,10 @@ pub enum RopeScaling {
 pub struct Rope {
     inv_freq: Vec<f32>,
     pairing: RopePairing,
+    /// LongRoPE's frequencies for sequences longer than the given length.
+    long: Option<(Vec<f32>, usize)>,
+    /// Multiplies cos and sin (LongRoPE's attention factor; 1 otherwise).
+    attention_factor: f32,
 }
 
 /// cos and sin of every (position, frequency) of one forward pass.
@@ -55,11 +93,26 @@ impl Rope {
     pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling, pairing: RopePairing) -> Rope {
         let half = head_dim / 2;
         // As transformers computes them: theta^(2i/d) in f32 arithmetic.
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        let bases: Vec<f32> = (0..half)
+            .map(|i| theta.powf((2 * i) as f32 / head_dim as f32))
             .collect();
+        let mut inv_freq: Vec<f32> = bases.iter().map(|b| 1.0 / b).collect();
+        let (mut long, mut attention_factor) = (None, 1.0);
         match scaling {
             RopeScaling::None => {}
+            RopeScaling::LongRope(l) => {
+                // transformers: 1 / (factor · θ^(2i/d)), in f32.
+                let divided = |factors: &[f32]| -> Vec<f32> {
+                    bases
+                        .iter()
+                        .zip(factors)
+                        .map(|(b, f)| 1.0 / (f * b))
+                        .collect()
+                };
+                inv_freq = divided(&l.short_factor);
+                long = Some((divided(&l.long_factor), l.original_max_position_embeddings));
+                attention_factor = l.attention_factor;
+            }
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::Factors(factors) => {
                 for (f, d) in inv_freq.iter_mut().zip(factors) {
@@ -87,19 +140,37 @@ impl Rope {
                 }
             }
         }
-        Rope { inv_freq, pairing }
+        Rope {
+            inv_freq,
+            pairing,
+            long,
+            attention_factor,
+        }
     }
 
-    /// cos/sin tables for `positions`.
+    /// cos/sin tables for `positions`, each taken as the last position of its sequence
+    /// so far (what a token-by-token decode sees).
     pub fn tables(&self, positions: &[usize]) -> RopeTables {
+        let lengths: Vec<usize> = positions.iter().map(|p| p + 1).collect();
+        self.tables_in(positions, &lengths)
+    }
+
+    /// cos/sin tables for `positions`, where `lengths[t]` is the length of position `t`'s
+    /// sequence at the end of this forward call: LongRoPE picks its frequencies by it.
+    pub fn tables_in(&self, positions: &[usize], lengths: &[usize]) -> RopeTables {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in &self.inv_freq {
+        let scale = self.attention_factor;
+        for (&p, &len) in positions.iter().zip(lengths) {
+            let freqs = match &self.long {
+                Some((long, original)) if len > *original => long,
+                _ => &self.inv_freq,
+            };
+            for &f in freqs {
                 let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * scale);
+                sin.push(angle.sin() * scale);
             }
         }
         RopeTables { half, cos, sin }
@@ -124,7 +195,7 @@ impl Rope {
         }
     }
 
-    /// The inverse frequencies, after scaling.
+    /// The inverse frequencies, after scaling (LongRoPE's short ones).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }
@@ -197,5 +268,36 @@ mod tests {
             s.iter().zip(p).any(|(a, b)| a < b && *a > b / 8.0),
             "some are smoothed"
         );
+    }
+
+    #[test]
+    fn longrope_picks_factors_by_sequence_length_and_scales_cos_sin() {
+        let scaling = RopeScaling::LongRope(LongRope {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 8,
+            attention_factor: LongRope::default_attention_factor(4.0, 32),
+        });
+        let plain = Rope::new(4, 100.0, &RopeScaling::None, RopePairing::Halves);
+        let rope = Rope::new(4, 100.0, &scaling, RopePairing::Halves);
+        let scale = 1.4f32.sqrt();
+        assert!((rope.attention_factor - scale).abs() < 1e-7);
+        // Position 5 of a sequence of 8 (not past the original context): the short factors;
+        // of a sequence of 9: the long ones, for every position of the call.
+        let short = rope.tables_in(&[5], &[8]);
+        let long = rope.tables_in(&[5], &[9]);
+        let f = plain.inv_freq();
+        for (i, d) in [(0, 1.0f32), (1, 2.0)] {
+            assert_eq!(short.cos[i], (5.0 * (1.0 / (d / f[i]))).cos() * scale);
+        }
+        for (i, d) in [(0, 4.0f32), (1, 8.0)] {
+            let angle = 5.0 * (1.0 / (d * (1.0 / f[i])));
+            assert!((long.cos[i] - angle.cos() * scale).abs() < 1e-6);
+            assert!((long.sin[i] - angle.sin() * scale).abs() < 1e-6);
+        }
+        assert_ne!(short.cos, long.cos);
+        // Decoding token by token, the choice follows the position.
+        assert_eq!(rope.tables(&[7]).cos, rope.tables_in(&[7], &[8]).cos);
+        assert_eq!(rope.tables(&[8]).cos, rope.tables_in(&[8], &[9]).cos);
     }
 }

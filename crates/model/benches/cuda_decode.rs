@@ -90,6 +90,7 @@ impl TensorSource for Synthetic {
         let (rows, cols, scale) = match id {
             TensorId::Embed => (c.vocab_size, hidden, 0.02),
             TensorId::LmHead | TensorId::Rope => return Ok(None),
+            TensorId::Qkv(_) | TensorId::GateUp(_) => return Ok(None),
             TensorId::QBias(_) | TensorId::KBias(_) | TensorId::VBias(_) => return Ok(None),
             TensorId::PreFfnNorm(_) | TensorId::PostAttnNorm(_) | TensorId::PostFfnNorm(_) => {
                 return Ok(None);

@@ -18,6 +18,7 @@ use crate::gguf::GgufFile;
 mod block;
 mod quant;
 mod refuse;
+mod rope;
 
 pub use block::{Activation, BlockConfig};
 
@@ -34,6 +35,9 @@ pub enum Architecture {
     /// GeGLU, norms after each branch too, soft-capped logits, alternating sliding windows,
     /// a scaled embedding ([`BlockConfig`]).
     Gemma2,
+    /// The Llama graph with q|k|v and gate|up fused in the checkpoint (split at load),
+    /// LongRoPE, and a sliding window on every layer when set.
+    Phi3,
 }
 
 /// Rotary position embedding settings.
@@ -120,6 +124,7 @@ impl ModelConfig {
             "qwen2" => Architecture::Qwen2,
             "qwen3" => Architecture::Qwen3,
             "gemma2" => Architecture::Gemma2,
+            "phi3" => Architecture::Phi3,
             other => {
                 return Err(refuse::unsupported(
                     path,
@@ -150,31 +155,8 @@ impl ModelConfig {
                 .map(|t| t.rows())
                 .ok_or_else(|| missing(path, &key("vocab_size")))?,
         };
-        let scaling = match file.tensor("rope_freqs.weight") {
-            Some(info) => {
-                let mut factors = vec![0.0; info.cols()];
-                tessera_kernels::quant::dequantize_row(
-                    info.dtype,
-                    file.tensor_data(info),
-                    &mut factors,
-                )?;
-                RopeScaling::Factors(factors)
-            }
-            None => match file.get_str(&key("rope.scaling.type"))? {
-                None | Some("none") => RopeScaling::None,
-                Some("linear") => RopeScaling::Linear {
-                    factor: file.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-                },
-                Some(other) => {
-                    return Err(refuse::unsupported(
-                        path,
-                        &key("rope.scaling.type"),
-                        other.into(),
-                        "none, linear (llama3 scaling travels as the tensor rope_freqs.weight)",
-                    ));
-                }
-            },
-        };
+        let context = required("context_length")?;
+        let scaling = rope::gguf_scaling(file, arch_name, head_dim, context)?;
         refuse::check_gguf(file, arch_name)?;
         let eos = file.get_u32("tokenizer.ggml.eos_token_id")?;
         let spec = HfConfigSpec {
@@ -187,11 +169,9 @@ impl ModelConfig {
             num_key_value_heads: Some(num_key_value_heads),
             head_dim: Some(head_dim),
             vocab_size: Some(vocab_size),
-            max_position_embeddings: Some(required("context_length")?),
+            max_position_embeddings: Some(context),
             rms_norm_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_theta: file.get_f32(&key("rope.freq_base"))?,
-            rope_scaling: None,
-            rope_parameters: None,
+            rope: rope::HfRopeSpec::with_theta(file.get_f32(&key("rope.freq_base"))?),
             attention_bias: Some(file.tensor("blk.0.attn_q.bias").is_some()),
             tie_word_embeddings: Some(file.tensor("output.weight").is_none()),
             bos_token_id: file
@@ -208,6 +188,12 @@ impl ModelConfig {
             config.rope.pairing = RopePairing::Interleaved;
         }
         Ok(config)
+    }
+
+    /// q|k|v and gate|up are one tensor each in the checkpoint (Phi-3's `qkv_proj` and
+    /// `gate_up_proj`), split into their parts at load.
+    pub fn fused_projections(&self) -> bool {
+        self.architecture == Architecture::Phi3
     }
 
     /// Every q and k head is RMS-normalized (weights of `head_dim`) between its projection
@@ -302,10 +288,8 @@ struct HfConfigSpec {
     vocab_size: Option<usize>,
     max_position_embeddings: Option<usize>,
     rms_norm_eps: Option<f32>,
-    rope_theta: Option<f32>,
-    rope_scaling: Option<Value>,
-    /// transformers 5 moves `rope_theta` and `rope_scaling` here.
-    rope_parameters: Option<Value>,
+    #[serde(flatten)]
+    rope: rope::HfRopeSpec,
     attention_bias: Option<bool>,
     tie_word_embeddings: Option<bool>,
     bos_token_id: Option<Value>,
@@ -329,6 +313,7 @@ impl HfConfigSpec {
             "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
             "qwen3" | "qwen3forcausallm" => Architecture::Qwen3,
             "gemma2" | "gemma2forcausallm" => Architecture::Gemma2,
+            "phi3" | "phi3forcausallm" => Architecture::Phi3,
             _ => {
                 let key = if self.model_type.is_some() {
                     "model_type"
@@ -378,7 +363,15 @@ impl HfConfigSpec {
                 format!("= {head_dim} must be even for RoPE"),
             ));
         }
-        let rope = self.rope_config(path, architecture)?;
+        let max_position_embeddings = self.max_position_embeddings.unwrap_or(4096);
+        let rope = self.rope.validate(
+            path,
+            rope::RopeShape {
+                arch: architecture,
+                head_dim,
+                max_position_embeddings,
+            },
+        )?;
         let eos_token_ids = token_ids(self.eos_token_id.as_ref(), path, "eos_token_id")?;
         let bos_token_id = token_ids(self.bos_token_id.as_ref(), path, "bos_token_id")?
             .first()
@@ -399,12 +392,14 @@ impl HfConfigSpec {
             num_key_value_heads,
             head_dim,
             vocab_size: need(self.vocab_size, "vocab_size")?,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
+            max_position_embeddings,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope,
+            // transformers' Phi-3 has no q/k/v bias, whatever the key says.
             attention_bias: self
                 .attention_bias
-                .unwrap_or(architecture == Architecture::Qwen2),
+                .unwrap_or(architecture == Architecture::Qwen2)
+                && architecture != Architecture::Phi3,
             tie_word_embeddings: self
                 .tie_word_embeddings
                 .unwrap_or(architecture == Architecture::Gemma2),
@@ -412,66 +407,5 @@ impl HfConfigSpec {
             eos_token_ids,
             block: self.block.validate(path, architecture, shape)?,
         })
-    }
-
-    fn rope_config(&self, path: &Path, arch: Architecture) -> Result<RopeConfig, ModelError> {
-        let params = self.rope_parameters.as_ref();
-        let theta = self
-            .rope_theta
-            .or_else(|| params?.get("rope_theta")?.as_f64().map(|v| v as f32))
-            .unwrap_or(
-                if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) {
-                    1_000_000.0
-                } else {
-                    10_000.0
-                },
-            );
-        let scaling_value = self
-            .rope_scaling
-            .as_ref()
-            .or(params)
-            .filter(|v| !v.is_null());
-        let scaling = match scaling_value {
-            None => RopeScaling::None,
-            Some(v) => parse_rope_scaling(v, path)?,
-        };
-        Ok(RopeConfig {
-            theta,
-            scaling,
-            pairing: RopePairing::Halves,
-        })
-    }
-}
-
-fn parse_rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling, ModelError> {
-    let key = "rope_scaling";
-    let kind = v
-        .get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let num = |name: &str| -> Result<f32, ModelError> {
-        v.get(name)
-            .and_then(Value::as_f64)
-            .map(|x| x as f32)
-            .ok_or_else(|| invalid(path, key, format!("of type {kind} needs a number `{name}`")))
-    };
-    match kind {
-        "default" => Ok(RopeScaling::None),
-        "linear" => Ok(RopeScaling::Linear {
-            factor: num("factor")?,
-        }),
-        "llama3" => Ok(RopeScaling::Llama3 {
-            factor: num("factor")?,
-            low_freq_factor: num("low_freq_factor")?,
-            high_freq_factor: num("high_freq_factor")?,
-            original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
-        }),
-        other => Err(refuse::unsupported(
-            path,
-            key,
-            format!("type {other}"),
-            "default, linear, llama3",
-        )),
     }
 }

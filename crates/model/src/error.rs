@@ -50,6 +50,18 @@ pub enum ModelError {
         expected: Vec<usize>,
         actual: Vec<usize>,
     },
+    /// A fused projection (Phi-3's q|k|v or gate|up) whose rows are not its parts' sum.
+    #[error(
+        "{path}: fused tensor `{tensor}` has {rows} rows, but the config's {parts} add up to \
+         {expected}"
+    )]
+    FusedRows {
+        path: PathBuf,
+        tensor: String,
+        rows: usize,
+        parts: String,
+        expected: usize,
+    },
     #[error("{path}: tensor `{tensor}` has type {dtype}, which is not supported here")]
     TensorType {
         path: PathBuf,

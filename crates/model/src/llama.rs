@@ -6,7 +6,9 @@
 //! (<https://arxiv.org/abs/2408.00118>) varies the block more ([`BlockConfig`]): a GeGLU
 //! MLP, an RMSNorm of each branch's output before it joins the residual, soft-capped
 //! attention and output logits, sliding windows on alternate layers, and an embedding
-//! scaled by `√hidden`.
+//! scaled by `√hidden`. Phi-3 (<https://arxiv.org/abs/2404.14219>) is the Llama graph with
+//! q|k|v and gate|up fused in its checkpoint (split at load), a sliding window on every
+//! layer when set, and LongRoPE ([`Rope`]).
 //!
 //! [`Llama::forward`] runs a chunk of tokens of one sequence through every layer, writing
 //! their K/V into the paged cache, and returns the logits of the last token. This file is
@@ -16,7 +18,8 @@
 //! <https://arxiv.org/abs/1909.08053>); the slicing arithmetic is `tessera_topology`'s
 //! [`RankPlan`]. A rank loaded with [`Llama::load_rank`] holds:
 //! - q/k/v (and their biases), gate and up: its rows (column-parallel: its attention heads,
-//!   its KV heads, its MLP rows) — sub-ranges of the memory map, nothing copied;
+//!   its KV heads, its MLP rows) — sub-ranges of the memory map, nothing copied; Phi-3's
+//!   fused tensors give each part's rows the same way;
 //! - o_proj and down_proj: the matching columns of every row (row-parallel), each followed
 //!   by an all-reduce of the partial sums over the group;
 //! - embedding and LM head: its vocabulary rows. A token outside them embeds as zeros and
@@ -303,6 +306,10 @@ impl Llama {
         let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, cache.num_blocks()))?;
         let n = ix.tokens.len();
         let positions: Vec<usize> = ix.positions.iter().map(|&p| p as usize).collect();
+        // Each token's sequence length at the end of this call: LongRoPE picks by it.
+        let lengths: Vec<usize> = (ix.query_seq.iter())
+            .map(|&q| batch[q as usize].start + batch[q as usize].tokens.len())
+            .collect();
         let visible: Vec<usize> = ix.contexts.iter().map(|&v| v as usize).collect();
         let tables: Vec<&[u32]> = (ix.query_seq.iter())
             .map(|&q| batch[q as usize].block_table)
@@ -318,7 +325,7 @@ impl Llama {
         let pass = Pass {
             config: c,
             rope: &self.rope,
-            rope_tables: self.rope.tables(&positions),
+            rope_tables: self.rope.tables_in(&positions, &lengths),
             tables,
             positions,
             visible,

@@ -279,6 +279,9 @@ pub enum TensorId {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// Phi-3's fused projections: q, k and v rows stacked; gate and up rows stacked.
+    Qkv(usize),
+    GateUp(usize),
 }
 
 impl TensorId {
@@ -307,6 +310,8 @@ impl TensorId {
             TensorId::Gate(l) => layer(l, "mlp.gate_proj.weight"),
             TensorId::Up(l) => layer(l, "mlp.up_proj.weight"),
             TensorId::Down(l) => layer(l, "mlp.down_proj.weight"),
+            TensorId::Qkv(l) => layer(l, "self_attn.qkv_proj.weight"),
+            TensorId::GateUp(l) => layer(l, "mlp.gate_up_proj.weight"),
         }
     }
 
@@ -334,6 +339,9 @@ impl TensorId {
             TensorId::Gate(l) => blk(l, "ffn_gate.weight"),
             TensorId::Up(l) => blk(l, "ffn_up.weight"),
             TensorId::Down(l) => blk(l, "ffn_down.weight"),
+            TensorId::Qkv(l) => blk(l, "attn_qkv.weight"),
+            // llama.cpp's phi3 keeps gate|up under the up projection's name.
+            TensorId::GateUp(l) => blk(l, "ffn_up.weight"),
         }
     }
 }

@@ -52,8 +52,9 @@ fn run(llama: &Llama, prompts: &[Vec<u32>], tokens: usize) -> Vec<(Vec<u32>, Vec
 
 #[test]
 fn f32_weights_held_as_bf16_compute_what_the_bf16_file_does() {
-    // Qwen3 has per-head q/k norm weights too; Gemma 2 post-norms, stored as w of 1 + w.
-    for model in ["llama-gqa", "qwen3", "gemma2"] {
+    // Qwen3 has per-head q/k norm weights too; Gemma 2 post-norms, stored as w of 1 + w;
+    // Phi-3's q/k/v and gate/up are row slices of its fused tensors.
+    for model in ["llama-gqa", "qwen3", "gemma2", "phi3"] {
         let prompts = expected(model).prompts;
         let held = run(&load_model(model, "f32", ModelDtype::Bf16), &prompts, 8);
         let stored = run(&load_model(model, "bf16", ModelDtype::Auto), &prompts, 8);

@@ -129,3 +129,61 @@ fn preset_files_mix_k_and_legacy_types() {
         assert_eq!(types, want, "{file}");
     }
 }
+
+/// Phi-3's LongRoPE picks its factors per forward call, by the sequence's length at its end,
+/// as transformers does: a 20-token prompt decoded through a KV cache (one call for the
+/// prompt, one per token) rotates with the short factors until the sequence passes the
+/// original context of 32, then the new positions with the long ones while cached keys keep
+/// theirs. `cached_crossing` is transformers' run with a `DynamicCache`, whose tokens part
+/// from full recompute's at the crossing.
+#[test]
+fn phi3_past_the_original_context_mid_generation_matches_transformers_with_a_cache() {
+    use tessera_comm::Solo;
+    use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqCache};
+
+    let dir = fixtures().join("phi3");
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let crossing = &expected["cached_crossing"];
+    let ids = |key: &str| -> Vec<u32> {
+        serde_json::from_value(crossing[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}"))
+    };
+    let (prompt, want) = (ids("prompt"), ids("greedy"));
+    assert_ne!(
+        want,
+        ids("full_recompute_greedy"),
+        "the fixture must tell them apart"
+    );
+    let want_logits: Vec<f32> =
+        serde_json::from_value(crossing["last_step_logits"].clone()).unwrap();
+    let llama = load_weights(&dir.join("f32")).unwrap();
+    let layers = llama.config().num_hidden_layers;
+    let mut cache = KvCache::new(llama.kv_layout(DEFAULT_BLOCK_SIZE), layers, 4);
+    let mut seq = SeqCache::default();
+    let mut comm = Solo::default();
+    let mut logits = llama
+        .forward(&prompt, &mut seq, &mut cache, &mut comm)
+        .unwrap();
+    let mut tokens = Vec::new();
+    while tokens.len() < want.len() {
+        if !tokens.is_empty() {
+            let last = [*tokens.last().unwrap()];
+            logits = llama
+                .forward(&last, &mut seq, &mut cache, &mut comm)
+                .unwrap();
+        }
+        // Greedy: the highest logit, the lowest id on ties.
+        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        tokens.push(best as u32);
+    }
+    assert_eq!(tokens, want, "greedy tokens through the cache");
+    let worst = logits
+        .iter()
+        .zip(&want_logits)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("phi3 cached crossing: last step max |Δlogit| = {worst:.2e}");
+    assert!(
+        worst <= tolerance("f32"),
+        "last step logits differ by {worst:e}"
+    );
+}

@@ -174,6 +174,7 @@ fn f32_fixtures_match_tp1_and_transformers_at_tp_2_and_4() {
         "qwen2-bias-tied",
         "qwen3",
         "gemma2",
+        "phi3",
     ] {
         for variant in ["f32", "f32-sharded"] {
             if expected(model).variants.contains_key(variant) {
@@ -181,26 +182,30 @@ fn f32_fixtures_match_tp1_and_transformers_at_tp_2_and_4() {
             }
         }
     }
-    // 7 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
+    // 8 variants × {2, 4}: every fixture splits both ways (4 heads; KV heads 1, 2 or 4).
     assert_eq!(
-        runs, 14,
+        runs, 16,
         "fixtures missing or no longer split at tp 2 and 4?"
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Qwen3's q/k norm weights (`head_dim` each) and Gemma 2's post-norms are whole on every
-/// rank, read from GGUF too.
+/// rank, read from GGUF too; Phi-3's fused `attn_qkv` and gate|up `ffn_up` are cut into
+/// each rank's rows of every part, quantized rows included.
 #[test]
-fn qwen3_and_gemma2_gguf_match_tp1_and_transformers_at_tp_2_and_4() {
+fn qwen3_gemma2_and_phi3_gguf_match_tp1_and_transformers_at_tp_2_and_4() {
     let mut failures = Vec::new();
     let mut runs = 0;
-    for model in ["qwen3", "gemma2"] {
+    for model in ["qwen3", "gemma2", "phi3"] {
         for variant in ["gguf-F32", "gguf-BF16", "gguf-Q8_0"] {
             runs += check_variant(model, variant, &[2, 4], &mut failures);
         }
     }
-    assert_eq!(runs, 12, "qwen3 or gemma2 no longer splits at tp 2 and 4?");
+    assert_eq!(
+        runs, 18,
+        "qwen3, gemma2 or phi3 no longer splits at tp 2 and 4?"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -316,11 +321,20 @@ fn new_k_types_fall_back_to_f32_inside_their_256_value_blocks() {
 
 #[test]
 fn each_rank_holds_about_one_tp_th_of_the_weights() {
-    let path = fixtures().join("llama-gqa/f32");
+    check_rank_bytes("llama-gqa/f32", (128, 256));
+    // Phi-3's fused q|k|v and gate|up: each rank keeps its rows of every part, no more.
+    check_rank_bytes("phi3/f32", (32, 128));
+}
+
+/// The f32 checkpoint `dir` (hidden 64, 2 layers, 4 heads and 2 KV heads of 16, untied,
+/// `inter` wide MLP, `vocab` tokens) split at tp 2 and 4: every value is held once, but
+/// norms everywhere and, at tp 4, each KV head by two ranks.
+fn check_rank_bytes(dir: &str, (i, v): (usize, usize)) {
+    let path = fixtures().join(dir);
     let config = ModelConfig::from_path(&path).unwrap();
     let whole = loader::load_weights(&path).unwrap().weight_bytes();
     // Every f32 value of the checkpoint, counted once.
-    let (h, i, v, l) = (64, 128, 256, 2);
+    let (h, l) = (64, 2);
     let (q, kv) = (4 * 16, 2 * 16);
     let layer = 2 * h + q * h + 2 * kv * h + h * q + 3 * i * h;
     assert_eq!(whole, (v * h * 2 + h + l * layer) * 4);
@@ -334,7 +348,7 @@ fn each_rank_holds_about_one_tp_th_of_the_weights() {
         for b in &bytes {
             assert!(
                 (*b as f64) < whole as f64 * (1.0 / tp as f64 + 0.1),
-                "{bytes:?} of {whole}"
+                "{dir}: {bytes:?} of {whole}"
             );
         }
         // Norms are replicated; at tp = 4 > 2 KV heads, each KV head is held twice.
@@ -344,7 +358,11 @@ fn each_rank_holds_about_one_tp_th_of_the_weights() {
             0
         };
         let sum: usize = bytes.iter().sum();
-        assert_eq!(sum, whole + (tp - 1) * norms + replicated_kv, "tp = {tp}");
+        assert_eq!(
+            sum,
+            whole + (tp - 1) * norms + replicated_kv,
+            "{dir} tp = {tp}"
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! GGUF metadata that asks for what Tessera cannot run — a mixture of experts, an unknown
-//! architecture, a rope scaling type other than linear — is refused with one error naming the
-//! file, the key and what is supported; a sliding window slides every layer (issue 18,
-//! part 5). Config.json features are covered end to end in `crates/cli/tests/bad_input.rs`.
+//! architecture, a rope scaling type other than linear, RoPE over part of each head — is
+//! refused with one error naming the file, the key and what is supported; a sliding window
+//! slides every layer (issue 18, part 5); Phi-3's LongRoPE factors must fit its heads. Config.json features are covered end to end in `crates/cli/tests/bad_input.rs`.
 
 mod gguf_writer;
 
@@ -94,4 +94,44 @@ fn a_sliding_window_slides_every_layer() {
     assert_eq!(c.block.windows, vec![Some(16); c.num_hidden_layers]);
     let none = config(llama("llama")).1.unwrap();
     assert_eq!(none.block.windows, vec![None; none.num_hidden_layers]);
+}
+
+/// A phi3 file with LongRoPE as llama.cpp's converter writes it (factor tensors of
+/// `head_dim / 2` values, the original context), with `edit` applied.
+fn phi3(edit: impl FnOnce(Gguf) -> Gguf, factors: u64) -> Gguf {
+    let g = llama("phi3")
+        .kv_u32("phi3.rope.dimension_count", 16)
+        .tensor("rope_factors_long.weight", &[factors], DType::F32)
+        .tensor("rope_factors_short.weight", &[factors], DType::F32);
+    edit(g)
+}
+
+#[test]
+fn phi3_longrope_metadata_is_read_or_refused_by_name() {
+    use tessera_kernels::rope::RopeScaling;
+    let ctx = |g: Gguf| g.kv_u32("phi3.rope.scaling.original_context_length", 32);
+    let c = config(phi3(ctx, 8)).1.unwrap();
+    let RopeScaling::LongRope(l) = &c.rope.scaling else {
+        panic!("not LongRoPE: {:?}", c.rope.scaling);
+    };
+    // No attn_factor key: √(1 + ln(128 / 32) / ln 32).
+    assert_eq!(l.original_max_position_embeddings, 32);
+    assert!((l.attention_factor - 1.4f32.sqrt()).abs() < 1e-6);
+    assert_eq!(l.long_factor.len(), 8);
+    let (_, short) = config(phi3(ctx, 4));
+    let msg = short.unwrap_err().to_string();
+    assert!(
+        msg.contains("`rope_factors_short.weight` has 4 values; a head of 16 has 8 frequencies"),
+        "{msg}"
+    );
+    let (_, no_ctx) = config(phi3(|g| g, 8));
+    let msg = no_ctx.unwrap_err().to_string();
+    assert!(
+        msg.contains("missing key `phi3.rope.scaling.original_context_length`"),
+        "{msg}"
+    );
+    refused(
+        llama("phi3").kv_u32("phi3.rope.dimension_count", 8),
+        &["`phi3.rope.dimension_count` = 8", "the head dimension, 16"],
+    );
 }

@@ -64,6 +64,14 @@ fn gemma2() {
     same_tokens_at_every_tp("gemma2");
 }
 
+/// Phi-3: fused q|k|v and gate|up split per rank at load, LongRoPE (short factors for the
+/// prompts that stay within 32 positions, long ones for those past it), a sliding window
+/// on every layer.
+#[test]
+fn phi3() {
+    same_tokens_at_every_tp("phi3");
+}
+
 #[test]
 fn smollm2_tp3_matches_tp1() {
     let Some(path) = demo_model() else { return };

@@ -4,7 +4,8 @@
 //! ([`BlockConfig::from_gguf`]) into one [`BlockConfig`].
 //!
 //! Sliding windows follow transformers 5, layer by layer:
-//! - Mistral slides every layer whenever `sliding_window` is set (it ignores `layer_types`);
+//! - Mistral and Phi-3 slide every layer whenever `sliding_window` is set (they ignore
+//!   `layer_types`);
 //! - Qwen2 and Qwen3 slide only when `use_sliding_window` is true, on the layers that
 //!   `layer_types` names `sliding_attention` (by default those from `max_window_layers` on);
 //! - Gemma 2 slides the layers `layer_types` names (by default the even ones: 0, 2, …);
@@ -223,7 +224,7 @@ impl HfBlockSpec {
     ) -> Result<Vec<Option<usize>>, ModelError> {
         let window = match arch {
             Architecture::Llama => None,
-            Architecture::Mistral => self.sliding_window,
+            Architecture::Mistral | Architecture::Phi3 => self.sliding_window,
             Architecture::Qwen2 | Architecture::Qwen3 => self
                 .sliding_window
                 .filter(|_| self.use_sliding_window == Some(true)),
@@ -237,7 +238,7 @@ impl HfBlockSpec {
         }
         let window = Some(window as usize);
         let types = match (&self.layer_types, arch) {
-            (_, Architecture::Mistral) => return Ok(vec![window; layers]),
+            (_, Architecture::Mistral | Architecture::Phi3) => return Ok(vec![window; layers]),
             (Some(types), _) => types,
             (None, Architecture::Gemma2) => {
                 return Ok((0..layers).map(|l| window.filter(|_| l % 2 == 0)).collect());
@@ -337,8 +338,10 @@ mod tests {
         let typed = r#"{"sliding_window": 16, "use_sliding_window": true,
             "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"]}"#;
         assert_eq!(windows(Qwen2, typed), vec![None, w, None, None]);
-        // Mistral slides every layer, whatever layer_types says.
+        // Mistral and Phi-3 slide every layer, whatever layer_types says.
         assert_eq!(windows(Mistral, typed), vec![w; 4]);
+        assert_eq!(windows(Phi3, typed), vec![w; 4]);
+        assert_eq!(windows(Phi3, r#"{"sliding_window": null}"#), vec![None; 4]);
         assert_eq!(
             windows(Mistral, r#"{"sliding_window": null}"#),
             vec![None; 4]

@@ -1,9 +1,10 @@
 //! What a model file asks for that Tessera cannot run, refused at load with one
 //! [`ModelError::Unsupported`] that names the file, the key and what is supported: mixtures of
-//! experts, MLP biases, rope scaling types other than linear and llama3, and model classes
-//! other than the causal LMs Tessera runs (activations and layer types are refused in
-//! `block`, pre-quantized checkpoints other than FP8 in `quant`). A model is never run with a
-//! part of its config silently ignored.
+//! experts, MLP biases, and model classes other than the causal LMs Tessera runs
+//! (activations and layer types are refused in `block`; rope scalings other than linear,
+//! llama3 and LongRoPE, and partial rotary embeddings, in `rope`; pre-quantized checkpoints
+//! other than FP8 in `quant`). A model is never run with a part of its config silently
+//! ignored.
 
 use std::path::Path;
 
@@ -14,11 +15,11 @@ use crate::error::ModelError;
 use crate::gguf::GgufFile;
 
 /// The architectures Tessera runs (`model_type` in `config.json`, `general.architecture` in GGUF).
-pub(super) const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma2";
+pub(super) const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma2, phi3";
 
 /// The HuggingFace model classes Tessera runs (`architectures` in `config.json`).
 const SUPPORTED_CLASSES: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                                 Qwen3ForCausalLM, Gemma2ForCausalLM";
+                                 Qwen3ForCausalLM, Gemma2ForCausalLM, Phi3ForCausalLM";
 
 /// `config.json` keys that switch on features outside the dense Llama-family forward pass.
 #[derive(Debug, Default, Deserialize)]

@@ -6,6 +6,7 @@
 use tessera_kernels::cuda::{
     Append, AttentionIndex, AttentionKernel, CudaError, CudaSlice, Ops, RopeKv, Slots,
 };
+use tessera_kernels::rope::RopeScaling;
 
 use super::kv::{DeviceKv, Scratch};
 use super::weights::{DeviceLinear, Input};
@@ -16,24 +17,30 @@ use crate::launch_plan::{Biases, Launch, LayerShape, Norm, Proj, Rounded, layer_
 use crate::slice::SliceComm;
 
 /// Refuses a model whose block the device launches do not compute, rather than run it
-/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale. (Sliding windows run:
-/// each layer's attention slides its own, [`AttentionIndex::set_window`].)
+/// wrong: Gemma 2's GeGLU, post-norms, soft caps and embedding scale, and LongRoPE (its
+/// frequencies change with a sequence's length and it scales cos/sin; the device rotates by
+/// one fixed `inv_freq`). Sliding windows run: each layer's attention slides its own
+/// ([`AttentionIndex::set_window`]). Phi-3 with plain RoPE is the Llama graph once its fused
+/// q|k|v and gate|up are split at load, and runs.
 pub(super) fn refuse_block(c: &ModelConfig) -> Result<(), ModelError> {
     let b = &c.block;
-    if b.activation == Activation::Silu
-        && !b.post_norms
-        && b.attn_softcap.is_none()
-        && b.final_softcap.is_none()
-        && b.embed_scale.is_none()
+    let what = if matches!(c.rope.scaling, RopeScaling::LongRope(_)) {
+        format!("LongRoPE ({:?}'s `longrope` rope scaling)", c.architecture)
+    } else if b.activation != Activation::Silu
+        || b.post_norms
+        || b.attn_softcap.is_some()
+        || b.final_softcap.is_some()
+        || b.embed_scale.is_some()
     {
-        return Ok(());
-    }
-    Err(CudaError::Unsupported {
-        what: format!(
-            "the {:?} block (GeGLU, post-norms, soft caps) on cuda shards; run this model's \
-             groups on cpu devices",
+        format!(
+            "the {:?} block (GeGLU, post-norms, soft caps)",
             c.architecture
-        ),
+        )
+    } else {
+        return Ok(());
+    };
+    Err(CudaError::Unsupported {
+        what: format!("{what} on cuda shards; run this model's groups on cpu devices"),
     }
     .into())
 }
@@ -376,5 +383,34 @@ fn io(s: &mut Scratch, p: Proj) -> Result<(Input<'_>, &mut CudaSlice<f32>), Mode
 fn no_qkv() -> ModelError {
     ModelError::Plan {
         message: "the fused path's q|k|v buffer is missing".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn fixture_config(rel: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+        ModelConfig::from_path(&dir.join(rel)).unwrap()
+    }
+
+    /// Decided without a GPU: what a cuda shard refuses to run wrong, and that Phi-3 with
+    /// plain RoPE, its 8-position window included, is not among it.
+    #[test]
+    fn longrope_and_gemma2_are_refused_plain_phi3_is_not() {
+        let phi3 = fixture_config("phi3/f32");
+        let e = refuse_block(&phi3).unwrap_err().to_string();
+        assert!(e.contains("LongRoPE") && e.contains("cpu devices"), "{e}");
+        let mut plain = phi3.clone();
+        plain.rope.scaling = RopeScaling::None;
+        assert_eq!(plain.block.shortest_window(), Some(8));
+        refuse_block(&plain).unwrap();
+        let e = refuse_block(&fixture_config("gemma2/f32"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Gemma2 block"), "{e}");
     }
 }

@@ -128,6 +128,45 @@ impl Slicer<'_> {
         Ok(Linear { weight, bias })
     }
 
+    /// The parts of the fused tensor `id` (Phi-3's q|k|v or gate|up), `cols` wide: part `i`
+    /// is `parts[i].1` rows after the ones before it, of which this rank keeps the rows
+    /// `parts[i].2`. Whole-row slices of the one map, so a quantized block is never cut and
+    /// each part is sliced over the group as its own tensor would be.
+    fn fused<const N: usize>(
+        &mut self,
+        id: TensorId,
+        cols: usize,
+        parts: [(&str, usize, Range<usize>); N],
+    ) -> Result<[Linear; N], ModelError> {
+        let w = self.source.require(id)?;
+        let expected: usize = parts.iter().map(|p| p.1).sum();
+        if w.rows != expected {
+            let names: Vec<&str> = parts.iter().map(|p| p.0).collect();
+            let sizes: Vec<String> = parts.iter().map(|p| p.1.to_string()).collect();
+            return Err(ModelError::FusedRows {
+                path: self.source.path().into(),
+                tensor: w.name,
+                rows: w.rows,
+                parts: format!("{} = {}", names.join(" + "), sizes.join(" + ")),
+                expected,
+            });
+        }
+        let w = check_shape(self.source.path(), w, expected, cols)?;
+        let mut start = 0;
+        let mut out = Vec::with_capacity(N);
+        for (_, rows, take) in parts {
+            let take = start + take.start..start + take.end;
+            out.push(Linear {
+                weight: self.keep_rows(w.clone(), take)?,
+                bias: None,
+            });
+            start += rows;
+        }
+        out.try_into().map_err(|_| ModelError::Plan {
+            message: "a fused tensor split into the wrong number of parts".into(),
+        })
+    }
+
     /// A row-parallel projection (no bias in this family): columns `take` of every row.
     fn row_parallel(
         &mut self,
@@ -139,27 +178,73 @@ impl Slicer<'_> {
         Ok(Linear { weight, bias: None })
     }
 
-    fn layer(&mut self, l: usize, c: &ModelConfig, plan: &RankPlan) -> Result<Layer, ModelError> {
-        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    /// This rank's q, k and v projections of layer `l`: three tensors, or Phi-3's one.
+    fn qkv(
+        &mut self,
+        l: usize,
+        c: &ModelConfig,
+        plan: &RankPlan,
+    ) -> Result<[Linear; 3], ModelError> {
+        let (hidden, hd) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        if c.fused_projections() {
+            let (q, kv) = (plan.q_rows(hd), plan.kv_rows(hd));
+            let parts = [
+                ("q", q_rows, q),
+                ("k", kv_rows, kv.clone()),
+                ("v", kv_rows, kv),
+            ];
+            return self.fused(TensorId::Qkv(l), hidden, parts);
+        }
         let bias = |id: TensorId| c.attention_bias.then_some(id);
-        Ok(Layer {
-            attn_norm: self.norm(TensorId::AttnNorm(l), hidden, c)?,
-            q: self.column_parallel(
+        Ok([
+            self.column_parallel(
                 (TensorId::Q(l), bias(TensorId::QBias(l))),
                 (q_rows, hidden),
                 plan.q_rows(hd),
             )?,
-            k: self.column_parallel(
+            self.column_parallel(
                 (TensorId::K(l), bias(TensorId::KBias(l))),
                 (kv_rows, hidden),
                 plan.kv_rows(hd),
             )?,
-            v: self.column_parallel(
+            self.column_parallel(
                 (TensorId::V(l), bias(TensorId::VBias(l))),
                 (kv_rows, hidden),
                 plan.kv_rows(hd),
             )?,
+        ])
+    }
+
+    /// This rank's gate and up projections of layer `l`: two tensors, or Phi-3's one.
+    fn gate_up(
+        &mut self,
+        l: usize,
+        c: &ModelConfig,
+        plan: &RankPlan,
+    ) -> Result<[Linear; 2], ModelError> {
+        let (hidden, inter, rows) = (c.hidden_size, c.intermediate_size, &plan.mlp_rows);
+        if c.fused_projections() {
+            let parts = [("gate", inter, rows.clone()), ("up", inter, rows.clone())];
+            return self.fused(TensorId::GateUp(l), hidden, parts);
+        }
+        Ok([
+            self.column_parallel((TensorId::Gate(l), None), (inter, hidden), rows.clone())?,
+            self.column_parallel((TensorId::Up(l), None), (inter, hidden), rows.clone())?,
+        ])
+    }
+
+    fn layer(&mut self, l: usize, c: &ModelConfig, plan: &RankPlan) -> Result<Layer, ModelError> {
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let q_rows = c.num_attention_heads * hd;
+        let attn_norm = self.norm(TensorId::AttnNorm(l), hidden, c)?;
+        let [q, k, v] = self.qkv(l, c, plan)?;
+        let [gate, up] = self.gate_up(l, c, plan)?;
+        Ok(Layer {
+            attn_norm,
+            q,
+            k,
+            v,
             q_norm: self.head_norm(TensorId::QNorm(l), c)?,
             k_norm: self.head_norm(TensorId::KNorm(l), c)?,
             o: self.row_parallel(TensorId::O(l), (hidden, q_rows), plan.q_rows(hd))?,
@@ -170,16 +255,8 @@ impl Slicer<'_> {
                 false => self.norm(TensorId::FfnNorm(l), hidden, c)?,
             },
             post_ffn_norm: self.post_norm(TensorId::PostFfnNorm(l), c)?,
-            gate: self.column_parallel(
-                (TensorId::Gate(l), None),
-                (inter, hidden),
-                plan.mlp_rows.clone(),
-            )?,
-            up: self.column_parallel(
-                (TensorId::Up(l), None),
-                (inter, hidden),
-                plan.mlp_rows.clone(),
-            )?,
+            gate,
+            up,
             down: self.row_parallel(TensorId::Down(l), (hidden, inter), plan.mlp_rows.clone())?,
         })
     }
