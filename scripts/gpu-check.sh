@@ -38,11 +38,19 @@
 # run of the model test compares it with cuBLAS in the whole model
 # (crates/model/tests/cuda_model/gemv.rs) and every decode bench times batches 1 and 8
 # both ways; the model test runs once more with TESSERA_GEMV=1 (fused, grouped).
+# Last, serving (the defaults of every switch above): scripts/gpu/make_random_llama.py
+# makes a random bf16 model of Llama-3.2-1B's shape with transformers (seconds, no
+# download), and scripts/gpu/serving.sh starts `tessera up` with one shard on cuda:0
+# serving it and runs `tessera bench` at concurrency 1, 16 and 64 (prompts of 128 random
+# token ids, 128 output tokens, max(8, 2 × concurrency) requests, at most 20 s a level),
+# writing DIR/serving/bench-c<N>.json and the cluster's logs, then stops the cluster as
+# Ctrl-C does (about a minute and a half in all).
 # Everything it prints goes to DIR/gpu-check.log too; at the end (also after a failure)
 # scripts/gpu-report.py prints one summary table (each step's test counts, the graphed
-# decode throughput of every variant, the GEMV's share of the copy bandwidth) and writes
-# the same figures to DIR/gpu-check.json. DIR is the argument, else $OUT (the device
-# tool's folder that comes back), else gpu-check-out.
+# decode throughput of every variant, the GEMV's share of the copy bandwidth, and output
+# tokens/s, TTFT p50/p99 and ITL p50 per serving concurrency) and writes the same figures
+# to DIR/gpu-check.json. DIR is the argument, else $OUT (the device tool's folder that
+# comes back), else gpu-check-out.
 # Usage: scripts/gpu-check.sh [DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,7 +61,8 @@ if [[ -z "${TESSERA_GPU_CHECK_INNER:-}" ]]; then
     TESSERA_GPU_CHECK_INNER=1 "$0" "$out_dir" 2>&1 | tee "$out_dir/gpu-check.log"
     status="${PIPESTATUS[0]}"
     echo "== summary (gpu-check.sh exited $status; $out_dir/gpu-check.json)"
-    python3 scripts/gpu-report.py "$out_dir/gpu-check.log" --json "$out_dir/gpu-check.json"
+    python3 scripts/gpu-report.py "$out_dir/gpu-check.log" --json "$out_dir/gpu-check.json" \
+        --serving "$out_dir/serving"
     exit "$status"
 fi
 export TESSERA_REQUIRE_GPU=1
@@ -99,7 +108,7 @@ run nccl-gpu test --release --offline -p tessera-comm --features nccl --test ncc
 if [[ -d .gpu/bin ]]; then
     export TESSERA_BIN_DIR="$PWD/.gpu/bin"
 else
-    cargo build --release --offline -p tessera-coordinator -p tessera-shard
+    cargo build --release --offline -p tessera-coordinator -p tessera-shard -p tessera-cli
 fi
 for fused in 0 1; do
     export TESSERA_FUSED="$fused"
@@ -121,3 +130,10 @@ echo "== TESSERA_GEMV=1 (not the default), TESSERA_FUSED=1, TESSERA_ATTENTION=gr
 TESSERA_GEMV=1 TESSERA_FUSED=1 TESSERA_ATTENTION=grouped \
     run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
 unset TESSERA_ATTENTION TESSERA_FUSED
+echo "== serving: tessera up with a shard on cuda:0 (a random Llama-3.2-1B-shaped model), tessera bench at concurrency 1, 16, 64"
+model_dir="$(mktemp -d /tmp/tessera-random-llama.XXXXXX)"
+python3 scripts/gpu/make_random_llama.py "$model_dir"
+serving_status=0
+scripts/gpu/serving.sh cuda:0 "$model_dir" "$out_dir/serving" || serving_status=$?
+rm -rf "$model_dir"
+exit "$serving_status"
