@@ -105,7 +105,11 @@ echo "== the bf16 GEMV against cuBLAS: GB/s per projection, next to a device cop
 run cuda-gemv bench --offline -p tessera-kernels --features cuda --bench cuda_gemv --
 echo "== a one-rank NCCL group"
 run nccl-gpu test --release --offline -p tessera-comm --features nccl --test nccl_gpu -- --nocapture
-if [[ -d .gpu/bin ]]; then
+if [[ -f .gpu/bin.tar.gz ]]; then
+    # gpu-prepare.sh packs the coordinator, shard and tessera binaries (.gpu's size).
+    tar -xzf .gpu/bin.tar.gz -C "$links"
+    export TESSERA_BIN_DIR="$links/bin"
+elif [[ -d .gpu/bin ]]; then
     export TESSERA_BIN_DIR="$PWD/.gpu/bin"
 else
     cargo build --release --offline -p tessera-coordinator -p tessera-shard -p tessera-cli

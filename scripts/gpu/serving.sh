@@ -105,8 +105,10 @@ stop_cluster() {
     cp "$run_dir"/logs/*.log "$out_dir/logs/" 2>/dev/null || true
     # Every process of the cluster names the run directory on its command line.
     local left
-    left="$(pgrep -f -- "$run_dir" || true)"
-    if [[ -n "$left" ]]; then
+    if ! command -v pgrep > /dev/null; then
+        echo "serving: no pgrep here: cannot check that no process of the cluster is left" >&2
+        status=1
+    elif left="$(pgrep -f -- "$run_dir")"; then
         echo "serving: processes of the cluster still running:" >&2
         ps -o pid,pgid,etimes,args -p "$(echo "$left" | paste -sd,)" >&2 || true
         status=1
