@@ -12,7 +12,8 @@
 # the host (TESSERA_DEVICE_SAMPLING=0, the default until this check has passed on a GPU);
 # decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
 # sampling on the host and on the device, with the fraction of the card's memory bandwidth
-# (crates/model/benches/cuda_decode.rs); the bf16 GEMV's and cuBLAS's GB/s per projection
+# (crates/model/benches/cuda_decode.rs; once, fused and grouped, for the same shape with
+# FP8 projections too); the bf16 GEMV's and cuBLAS's GB/s per projection
 # next to a device copy's (crates/kernels/benches/cuda_gemv.rs).
 # The kernel tests check both paged-attention kernels; the model, cluster and decode checks
 # run once per kernel of TESSERA_ATTENTION:
@@ -38,11 +39,19 @@
 # run of the model test compares it with cuBLAS in the whole model
 # (crates/model/tests/cuda_model/gemv.rs) and every decode bench times batches 1 and 8
 # both ways; the model test runs once more with TESSERA_GEMV=1 (fused, grouped).
+# Last, serving (the defaults of every switch above): scripts/gpu/make_random_llama.py
+# makes a random bf16 model of Llama-3.2-1B's shape with transformers (seconds, no
+# download), and scripts/gpu/serving.sh starts `tessera up` with one shard on cuda:0
+# serving it and runs `tessera bench` at concurrency 1, 16 and 64 (prompts of 128 random
+# token ids, 128 output tokens, max(8, 2 × concurrency) requests, at most 20 s a level),
+# writing DIR/serving/bench-c<N>.json and the cluster's logs, then stops the cluster as
+# Ctrl-C does (about a minute and a half in all).
 # Everything it prints goes to DIR/gpu-check.log too; at the end (also after a failure)
 # scripts/gpu-report.py prints one summary table (each step's test counts, the graphed
-# decode throughput of every variant, the GEMV's share of the copy bandwidth) and writes
-# the same figures to DIR/gpu-check.json. DIR is the argument, else $OUT (the device
-# tool's folder that comes back), else gpu-check-out.
+# decode throughput of every variant, the GEMV's share of the copy bandwidth, and output
+# tokens/s, TTFT p50/p99 and ITL p50 per serving concurrency) and writes the same figures
+# to DIR/gpu-check.json. DIR is the argument, else $OUT (the device tool's folder that
+# comes back), else gpu-check-out.
 # Usage: scripts/gpu-check.sh [DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,7 +62,8 @@ if [[ -z "${TESSERA_GPU_CHECK_INNER:-}" ]]; then
     TESSERA_GPU_CHECK_INNER=1 "$0" "$out_dir" 2>&1 | tee "$out_dir/gpu-check.log"
     status="${PIPESTATUS[0]}"
     echo "== summary (gpu-check.sh exited $status; $out_dir/gpu-check.json)"
-    python3 scripts/gpu-report.py "$out_dir/gpu-check.log" --json "$out_dir/gpu-check.json"
+    python3 scripts/gpu-report.py "$out_dir/gpu-check.log" --json "$out_dir/gpu-check.json" \
+        --serving "$out_dir/serving"
     exit "$status"
 fi
 export TESSERA_REQUIRE_GPU=1
@@ -96,10 +106,14 @@ echo "== the bf16 GEMV against cuBLAS: GB/s per projection, next to a device cop
 run cuda-gemv bench --offline -p tessera-kernels --features cuda --bench cuda_gemv --
 echo "== a one-rank NCCL group"
 run nccl-gpu test --release --offline -p tessera-comm --features nccl --test nccl_gpu -- --nocapture
-if [[ -d .gpu/bin ]]; then
+if [[ -f .gpu/bin.tar.gz ]]; then
+    # gpu-prepare.sh packs the coordinator, shard and tessera binaries (.gpu's size).
+    tar -xzf .gpu/bin.tar.gz -C "$links"
+    export TESSERA_BIN_DIR="$links/bin"
+elif [[ -d .gpu/bin ]]; then
     export TESSERA_BIN_DIR="$PWD/.gpu/bin"
 else
-    cargo build --release --offline -p tessera-coordinator -p tessera-shard
+    cargo build --release --offline -p tessera-coordinator -p tessera-shard -p tessera-cli
 fi
 for fused in 0 1; do
     export TESSERA_FUSED="$fused"
@@ -113,11 +127,22 @@ for fused in 0 1; do
         TESSERA_DEVICE_SAMPLING=0 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
         echo "== $paths, $kernel: the same, sampling on the device (TESSERA_DEVICE_SAMPLING=1)"
         TESSERA_DEVICE_SAMPLING=1 run cluster-gpu test --release --offline -p tessera-tests --test cuda_cluster -- --nocapture
-        echo "== $paths, $kernel: decode throughput, sampling on the host and on the device"
-        run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
+        # The FP8 model (its projections through the FP8 matvec) once, beside bf16 on the
+        # path meant to become the default (issue 18: FP8 decode tok/s against bf16).
+        fp8=0
+        [[ "$fused" == 1 && "$attention" == grouped ]] && fp8=1
+        echo "== $paths, $kernel: decode throughput, sampling on the host and on the device (FP8 model too: TESSERA_BENCH_FP8=$fp8)"
+        TESSERA_BENCH_FP8="$fp8" run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
     done
 done
 echo "== TESSERA_GEMV=1 (not the default), TESSERA_FUSED=1, TESSERA_ATTENTION=grouped: the model on cuda:0 against the CPU"
 TESSERA_GEMV=1 TESSERA_FUSED=1 TESSERA_ATTENTION=grouped \
     run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
 unset TESSERA_ATTENTION TESSERA_FUSED
+echo "== serving: tessera up with a shard on cuda:0 (a random Llama-3.2-1B-shaped model), tessera bench at concurrency 1, 16, 64"
+model_dir="$(mktemp -d /tmp/tessera-random-llama.XXXXXX)"
+python3 scripts/gpu/make_random_llama.py "$model_dir"
+serving_status=0
+scripts/gpu/serving.sh cuda:0 "$model_dir" "$out_dir/serving" || serving_status=$?
+rm -rf "$model_dir"
+exit "$serving_status"

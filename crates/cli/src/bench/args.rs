@@ -77,6 +77,11 @@ pub struct BenchArgs {
     /// `max_tokens`), used in turn instead of synthetic prompts.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Synthetic prompts of random token ids below VOCAB instead of words, for a server
+    /// whose model has no tokenizer (completions only); also asks for `return_token_ids`,
+    /// so streamed chunks carry the tokens when there is no text.
+    #[arg(long, value_name = "VOCAB", conflicts_with = "prompts")]
+    pub prompt_token_ids: Option<u32>,
     /// Seed of the prompts, lengths and arrival times.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -185,6 +190,13 @@ impl BenchConfig {
                 args.temperature
             );
         }
+        match (args.prompt_token_ids, args.endpoint) {
+            (Some(0), _) => bail!("--prompt-token-ids must be a vocabulary size of at least 1"),
+            (Some(_), Endpoint::Chat) => {
+                bail!("--prompt-token-ids needs `--endpoint completions` (chat takes messages)")
+            }
+            _ => {}
+        }
         let extra_body = match &args.extra_body {
             None => serde_json::Map::new(),
             Some(text) => match serde_json::from_str(text) {
@@ -262,6 +274,13 @@ mod tests {
         assert!(error(&["--duration", "0"]).contains("--duration"));
         assert!(error(&["--extra-body", "[1]"]).contains("JSON object"));
         assert!(error(&["--output-tokens", "9..1"]).contains("range is empty"));
+        assert!(error(&["--prompt-token-ids", "0"]).contains("at least 1"));
+        assert!(error(&["--prompt-token-ids", "8", "--endpoint", "chat"]).contains("completions"));
+        assert!(
+            error(&["--prompt-token-ids", "8", "--prompts", "p.jsonl"])
+                .contains("cannot be used with")
+        );
+        assert!(config(&["--prompt-token-ids", "128256"]).is_ok());
     }
 
     #[test]

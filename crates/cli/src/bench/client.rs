@@ -113,6 +113,12 @@ impl Client {
         });
         match (self.endpoint, &spec.prompt) {
             (Endpoint::Completions, Prompt::Text(text)) => body["prompt"] = json!(text),
+            (_, Prompt::Tokens(ids)) => {
+                // Only with completions (checked with the flags). A model served without a
+                // tokenizer has no text to stream: the ids make each chunk's content.
+                body["prompt"] = json!(ids);
+                body["return_token_ids"] = json!(true);
+            }
             (Endpoint::Chat, Prompt::Text(text)) => {
                 body["messages"] = json!([{"role": "user", "content": text}]);
             }
@@ -403,6 +409,47 @@ mod tests {
             .event(&event(r#"{"error":{"message":"boom"}}"#), ms(1))
             .expect_err("error");
         assert_eq!(error, "error in the stream: boom");
+    }
+
+    #[test]
+    fn token_id_prompts_are_sent_as_ids_and_ask_for_ids_back() {
+        let config = BenchConfig {
+            mode: super::super::args::LoadMode::Closed { concurrency: 1 },
+            stop: super::super::args::StopRule {
+                requests: Some(1),
+                duration: None,
+            },
+            warmup: 0,
+            seed: 0,
+            stream: true,
+            request_timeout: Duration::from_secs(1),
+            extra_body: serde_json::Map::new(),
+        };
+        let settings = ClientSettings {
+            base: "http://127.0.0.1:9".to_owned(),
+            api_key: None,
+            endpoint: Endpoint::Completions,
+            temperature: 0.0,
+            ignore_eos: true,
+        };
+        let mut client = Client::new(settings, &config);
+        client.resolve_model(Some("m".to_owned())).expect("given");
+        let spec = |prompt| RequestSpec {
+            prompt,
+            prompt_tokens_estimate: 2,
+            max_tokens: 3,
+        };
+        let body = client.body(&spec(Prompt::Tokens(vec![5, 7])));
+        assert_eq!(body["prompt"], json!([5, 7]));
+        assert_eq!(body["return_token_ids"], json!(true));
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(
+            (body["max_tokens"].clone(), body["min_tokens"].clone()),
+            (json!(3), json!(3))
+        );
+        let body = client.body(&spec(Prompt::Text("a b".to_owned())));
+        assert_eq!(body["prompt"], json!("a b"));
+        assert!(body.get("return_token_ids").is_none(), "{body}");
     }
 
     #[test]

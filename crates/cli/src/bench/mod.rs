@@ -31,7 +31,7 @@ pub use args::BenchArgs;
 use args::{BenchConfig, Endpoint};
 use client::{Client, ClientSettings, Outcome};
 use report::{Report, RunInfo};
-use workload::Workload;
+use workload::{SyntheticPrompts, Workload};
 
 use crate::http::{api_key, base_url};
 
@@ -45,7 +45,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             args.output_tokens,
             args.endpoint == Endpoint::Chat,
         )?,
-        None => Workload::synthetic(args.seed, args.prompt_tokens, args.output_tokens),
+        None => Workload::synthetic(
+            args.seed,
+            match args.prompt_token_ids {
+                Some(vocab) => SyntheticPrompts::TokenIds { vocab },
+                None => SyntheticPrompts::Words,
+            },
+            args.prompt_tokens,
+            args.output_tokens,
+        ),
     };
     let base = base_url(&args.url);
     let settings = ClientSettings {
@@ -73,9 +81,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         url: &base,
         model: client.model(),
         endpoint: args.endpoint,
-        prompts: match &args.prompts {
-            Some(path) => path.display().to_string(),
-            None => format!("{} tokens (synthetic)", args.prompt_tokens),
+        prompts: match (&args.prompts, args.prompt_token_ids) {
+            (Some(path), _) => path.display().to_string(),
+            (None, Some(vocab)) => format!(
+                "{} tokens (synthetic token ids below {vocab})",
+                args.prompt_tokens
+            ),
+            (None, None) => format!("{} tokens (synthetic)", args.prompt_tokens),
         },
         output_tokens: args.output_tokens.to_string(),
         warmup_failed: result.warmup_failed,

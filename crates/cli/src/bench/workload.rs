@@ -5,7 +5,8 @@
 //! timing. Synthetic prompts are common English words chosen at random: with a leading
 //! space each is one token in the BPE vocabularies of Llama, Qwen, Mistral and SmolLM, so
 //! `N` words make about `N` prompt tokens without a tokenizer here; the server's `usage`
-//! gives the real count.
+//! gives the real count. For a model served without a tokenizer, synthetic prompts can
+//! instead be random token ids below the vocabulary size: exactly `N` tokens.
 
 use std::fmt;
 use std::path::Path;
@@ -106,11 +107,22 @@ impl FromStr for LengthSpec {
     }
 }
 
+/// What synthetic prompts are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyntheticPrompts {
+    /// Common English words, about one token each.
+    Words,
+    /// Token ids drawn uniformly from `0..vocab`, one token each.
+    TokenIds { vocab: u32 },
+}
+
 /// The prompt of a request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
     /// Text for `/v1/completions` (or one user message for chat).
     Text(String),
+    /// Token ids for `/v1/completions`.
+    Tokens(Vec<u32>),
     /// A chat conversation, as given in a prompts file.
     Messages(Value),
 }
@@ -136,6 +148,7 @@ struct FilePrompt {
 #[derive(Debug, Clone)]
 pub struct Workload {
     seed: u64,
+    synthetic: SyntheticPrompts,
     prompt_tokens: LengthSpec,
     output_tokens: LengthSpec,
     /// Prompts of a `--prompts` file, used in turn; synthetic prompts when empty.
@@ -143,9 +156,15 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn synthetic(seed: u64, prompt_tokens: LengthSpec, output_tokens: LengthSpec) -> Self {
+    pub fn synthetic(
+        seed: u64,
+        synthetic: SyntheticPrompts,
+        prompt_tokens: LengthSpec,
+        output_tokens: LengthSpec,
+    ) -> Self {
         Self {
             seed,
+            synthetic,
             prompt_tokens,
             output_tokens,
             file: Vec::new(),
@@ -166,6 +185,7 @@ impl Workload {
             .with_context(|| format!("in the prompts file {}", path.display()))?;
         Ok(Self {
             seed,
+            synthetic: SyntheticPrompts::Words,
             prompt_tokens: LengthSpec::Fixed(1),
             output_tokens,
             file,
@@ -177,11 +197,16 @@ impl Workload {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(index);
         if self.file.is_empty() {
-            let words = self.prompt_tokens.sample(&mut rng);
-            let prompt = synthetic_prompt(&mut rng, words);
+            let tokens = self.prompt_tokens.sample(&mut rng);
+            let prompt = match self.synthetic {
+                SyntheticPrompts::Words => Prompt::Text(synthetic_prompt(&mut rng, tokens)),
+                SyntheticPrompts::TokenIds { vocab } => {
+                    Prompt::Tokens((0..tokens).map(|_| rng.random_range(0..vocab)).collect())
+                }
+            };
             return RequestSpec {
-                prompt: Prompt::Text(prompt),
-                prompt_tokens_estimate: words,
+                prompt,
+                prompt_tokens_estimate: tokens,
                 max_tokens: self.output_tokens.sample(&mut rng),
             };
         }
@@ -355,7 +380,12 @@ mod tests {
 
     #[test]
     fn requests_depend_only_on_seed_and_index() {
-        let workload = Workload::synthetic(7, LengthSpec::Fixed(16), "4..8".parse().expect("ok"));
+        let workload = Workload::synthetic(
+            7,
+            SyntheticPrompts::Words,
+            LengthSpec::Fixed(16),
+            "4..8".parse().expect("ok"),
+        );
         let a = workload.request(3);
         assert_eq!(a, workload.request(3));
         assert_ne!(a.prompt, workload.request(4).prompt);
@@ -365,8 +395,47 @@ mod tests {
         assert_eq!(text.split(' ').count(), 16);
         assert_eq!(a.prompt_tokens_estimate, 16);
         assert!((4..=8).contains(&a.max_tokens));
-        let other = Workload::synthetic(8, LengthSpec::Fixed(16), LengthSpec::Fixed(4));
+        let other = Workload::synthetic(
+            8,
+            SyntheticPrompts::Words,
+            LengthSpec::Fixed(16),
+            LengthSpec::Fixed(4),
+        );
         assert_ne!(other.request(3).prompt, a.prompt);
+    }
+
+    #[test]
+    fn token_id_prompts_have_the_asked_length_below_the_vocabulary() {
+        let ids = |seed: u64, vocab: u32| {
+            let workload = Workload::synthetic(
+                seed,
+                SyntheticPrompts::TokenIds { vocab },
+                "100..120".parse().expect("ok"),
+                LengthSpec::Fixed(4),
+            );
+            (0..50)
+                .map(|i| {
+                    let request = workload.request(i);
+                    let Prompt::Tokens(ids) = request.prompt else {
+                        panic!("token ids")
+                    };
+                    assert_eq!(request.prompt_tokens_estimate, ids.len());
+                    assert!((100..=120).contains(&ids.len()), "{}", ids.len());
+                    ids
+                })
+                .collect::<Vec<_>>()
+        };
+        let prompts = ids(3, 1000);
+        assert_eq!(prompts, ids(3, 1000), "a function of seed and index");
+        assert_ne!(prompts, ids(4, 1000));
+        let all: Vec<u32> = prompts.concat();
+        assert!(all.iter().all(|&id| id < 1000));
+        // Uniform over the vocabulary: both ends of it are drawn, and the mean is near
+        // its middle (5,000+ draws: the mean's standard error is about 4).
+        assert!(all.iter().any(|&id| id < 10) && all.iter().any(|&id| id >= 990));
+        let mean = all.iter().map(|&id| f64::from(id)).sum::<f64>() / all.len() as f64;
+        assert!((mean - 499.5).abs() < 25.0, "mean {mean}");
+        assert!(ids(5, 1).concat().iter().all(|&id| id == 0));
     }
 
     #[test]
