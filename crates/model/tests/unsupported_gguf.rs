@@ -1,7 +1,9 @@
 //! GGUF metadata that asks for what Tessera cannot run — a mixture of experts, an unknown
 //! architecture, a rope scaling type other than linear, RoPE over part of each head — is
 //! refused with one error naming the file, the key and what is supported; a sliding window
-//! slides every layer (issue 18, part 5); Phi-3's LongRoPE factors must fit its heads. Config.json features are covered end to end in `crates/cli/tests/bad_input.rs`.
+//! slides every layer (issue 18, part 5); Phi-3's LongRoPE factors must fit its heads, and
+//! its fused tensors the config's parts. Config.json features are covered end to end in
+//! `crates/cli/tests/bad_input.rs`.
 
 mod gguf_writer;
 
@@ -134,4 +136,45 @@ fn phi3_longrope_metadata_is_read_or_refused_by_name() {
         llama("phi3").kv_u32("phi3.rope.dimension_count", 8),
         &["`phi3.rope.dimension_count` = 8", "the head dimension, 16"],
     );
+}
+
+/// A whole one-layer phi3 file (plain RoPE; 4 heads of 16, as many KV heads) whose fused
+/// `attn_qkv` holds `qkv_rows` rows and fused `ffn_up` (gate | up) `gate_up_rows`.
+fn phi3_weights(qkv_rows: u64, gate_up_rows: u64) -> Gguf {
+    llama("phi3")
+        .tensor("output_norm.weight", &[64], DType::F32)
+        .tensor("blk.0.attn_norm.weight", &[64], DType::F32)
+        .tensor("blk.0.attn_qkv.weight", &[64, qkv_rows], DType::F32)
+        .tensor("blk.0.attn_output.weight", &[64, 64], DType::F32)
+        .tensor("blk.0.ffn_norm.weight", &[64], DType::F32)
+        .tensor("blk.0.ffn_up.weight", &[64, gate_up_rows], DType::F32)
+        .tensor("blk.0.ffn_down.weight", &[128, 64], DType::F32)
+}
+
+/// A fused tensor whose rows are not its parts' sum is one `FusedRows` error naming it;
+/// the same file with the right rows loads.
+#[test]
+fn phi3_fused_gguf_tensors_must_hold_their_parts() {
+    let load = |g: Gguf| {
+        let s = scratch();
+        std::fs::write(&s.path, g.bytes()).unwrap();
+        let loaded = tessera_model::loader::load_weights(&s.path);
+        (s, loaded.map(|_| ()))
+    };
+    load(phi3_weights(192, 256)).1.unwrap();
+    for (g, wanted) in [
+        (
+            phi3_weights(128, 256),
+            "`blk.0.attn_qkv.weight` has 128 rows",
+        ),
+        (phi3_weights(192, 200), "`blk.0.ffn_up.weight` has 200 rows"),
+    ] {
+        let (_s, loaded) = load(g);
+        let err = loaded.expect_err("a fused tensor of the wrong rows loaded");
+        assert!(matches!(err, ModelError::FusedRows { .. }), "{err}");
+        assert!(
+            err.to_string().contains(wanted),
+            "{wanted:?} missing from {err}"
+        );
+    }
 }
