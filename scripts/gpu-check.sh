@@ -12,8 +12,9 @@
 # the host (TESSERA_DEVICE_SAMPLING=0, the default until this check has passed on a GPU);
 # decode tokens/s and host µs per step at batch 1, 8, 64 and 256, eager and graphed, each
 # sampling on the host and on the device, with the fraction of the card's memory bandwidth
-# (crates/model/benches/cuda_decode.rs; once, fused and grouped, for the same shape with
-# FP8 projections too); the bf16 GEMV's and cuBLAS's GB/s per projection
+# and of a 1 GiB device copy measured in the same process, and prefill tokens/s of 1k- and
+# 4k-token prompts (crates/model/benches/cuda_decode.rs; once, fused and grouped, for the
+# same shape with FP8 projections too); the bf16 GEMV's and cuBLAS's GB/s per projection
 # next to a device copy's (crates/kernels/benches/cuda_gemv.rs).
 # The kernel tests check both paged-attention kernels; the model, cluster and decode checks
 # run once per kernel of TESSERA_ATTENTION:

@@ -110,13 +110,24 @@ def summary(report: dict) -> str:
               if r.get("kind") == "decode" and r.get("mode") == "graph"]
     if decode:
         out += ["", "decode, graphed: model | attention | launches | gemm | batch | sampling | "
-                "tok/s | host µs/step | of peak bandwidth", "---|---|---|---|---|---|---|---|---"]
+                "tok/s | host µs/step | of peak bandwidth | of a device copy",
+                "---|---|---|---|---|---|---|---|---|---"]
         for _, r in decode:
+            share = r.get("of_copy")
             out.append(
                 f"{r.get('model')} | {r.get('attention')} | {r.get('launches_path')} | "
                 f"{r.get('gemm')} | {r.get('batch'):g} | {r.get('sampling')} | "
                 f"{r.get('tok_s', 0):.0f} | {r.get('host_us_step', 0):.1f} | "
-                f"{100 * (r.get('of_peak') or 0):.1f}%")
+                f"{100 * (r.get('of_peak') or 0):.1f}% | "
+                f"{'-' if share is None else f'{100 * share:.1f}%'}")
+    prefill = [r for s in report["steps"] for r in s["results"] if r.get("kind") == "prefill"]
+    if prefill:
+        out += ["", "prefill, one sequence in one pass: model | attention | launches | tokens | "
+                "ms | tok/s", "---|---|---|---|---|---"]
+        for r in prefill:
+            out.append(
+                f"{r.get('model')} | {r.get('attention')} | {r.get('launches_path')} | "
+                f"{r.get('tokens'):g} | {number(r.get('ms'), 2)} | {number(r.get('tok_s'), 0)}")
     gemv = [r for s in report["steps"] for r in s["results"] if r.get("kind") == "gemv"]
     if gemv:
         out += ["", "bf16 GEMV: projection | rows×cols | tokens | GEMV GB/s | of copy | "
@@ -153,7 +164,8 @@ test result: ok. 31 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out
 RESULT {"kind":"copy","gb_s":4273}
 RESULT {"kind":"gemv","projection":"o","shape":"2048x2048","tokens":1,"gemv_us":3.1,"gemv_gb_s":2706,"gemv_of_copy":0.633,"cublas_us":4.0,"cublas_gb_s":2097,"cublas_of_copy":0.49}
 == TESSERA_FUSED=0 (legacy launches, the default), TESSERA_ATTENTION=legacy (the default): decode throughput
-RESULT {"kind":"decode","model":"llama-1b","attention":"legacy","launches_path":"legacy","gemm":"cublas","batch":1,"mode":"graph","sampling":"device","ms_step":3.0,"host_us_step":40.0,"tok_s":333,"launches_step":1,"allocs_step":0,"gb_s":800,"of_peak":0.17}
+RESULT {"kind":"decode","model":"llama-1b","attention":"legacy","launches_path":"legacy","gemm":"cublas","batch":1,"mode":"graph","sampling":"device","ms_step":3.0,"host_us_step":40.0,"tok_s":333,"launches_step":1,"allocs_step":0,"gb_s":800,"of_peak":0.17,"of_copy":0.187}
+RESULT {"kind":"prefill","model":"llama-1b","attention":"legacy","launches_path":"legacy","tokens":4096,"ms":52.5,"tok_s":78019.0}
 RESULT {"kind":"decode","model":"llama-1b","attention":"legacy","launches_path":"legacy","gemm":"cublas","batch":1,"mode":"eager","sampling":"host","ms_step":4.0,"host_us_step":900.0,"tok_s":250,"launches_step":300,"allocs_step":2,"gb_s":600,"of_peak":null}
 RESULT {"kind":"decode", broken
 == a cluster
@@ -195,7 +207,8 @@ def self_test() -> None:
     assert len(steps[next(h for h in steps if h.startswith("TESSERA_FUSED=0"))]
                .get("unreadable", [])) == 1
     text = summary(report)
-    assert "llama-1b | legacy | legacy | cublas | 1 | device | 333 | 40.0 | 17.0%" in text, text
+    assert "llama-1b | legacy | legacy | cublas | 1 | device | 333 | 40.0 | 17.0% | 18.7%" in text, text
+    assert "llama-1b | legacy | legacy | 4096 | 52.50 | 78019" in text, text
     assert "| eager" not in text and "250" not in text, "only graphed decode rows"
     assert "o | 2048x2048 | 1 | 2706 | 63.3% | 2097 | 49.0%" in text, text
     assert text.endswith("tests failed in all: 1"), text

@@ -71,15 +71,6 @@ fn random_bf16(n: usize, seed: u64, scale: f32) -> Vec<u16> {
         .collect()
 }
 
-/// A device-to-device copy's GB/s: bytes read and written over the time.
-fn copy_gbs(ops: &Ops<'_>) -> f64 {
-    let src = ops.alloc::<u8>(COPY_BYTES).unwrap();
-    let mut dst = ops.alloc::<u8>(COPY_BYTES).unwrap();
-    let stream = ops.stream();
-    let seconds = time(stream, |_| stream.memcpy_dtod(&src, &mut dst).unwrap());
-    2.0 * COPY_BYTES as f64 / seconds / 1e9
-}
-
 fn main() {
     if !driver_present() {
         println!("SKIPPED: no CUDA driver");
@@ -90,7 +81,7 @@ fn main() {
     let ops = Ops::new(&device, device.context().default_stream());
     let blas = Blas::new(0, Arc::clone(ops.stream())).unwrap();
     println!("{} (compute {:?})", device.name(), device.capability());
-    let copy = copy_gbs(&ops);
+    let copy = ops.copy_gbs(COPY_BYTES, LAUNCHES).unwrap();
     println!(
         "device-to-device copy of 1 GiB: {copy:.0} GB/s (read + written); target for the GEMV: {:.0} GB/s ({:.0}%)",
         TARGET * copy,

@@ -1,7 +1,9 @@
 //! Decode throughput on a CUDA device (`scripts/gpu-check.sh` runs this): tokens per
 //! second at batch 1, 8, 64 and 256, and the fraction of the card's memory bandwidth each
 //! reaches, counting the bytes a step must read: every weight once, plus each sequence's
-//! KV cache. Models: a Llama-3.2-1B-shaped model with random bf16 weights (the shape is
+//! KV cache; that rate is also compared with a 1 GiB device-to-device copy measured in the
+//! same process (`of_copy`). Then prefill tokens/s of a 1,024- and a 4,096-token prompt,
+//! each in one pass. Models: a Llama-3.2-1B-shaped model with random bf16 weights (the shape is
 //! what matters for speed), the same shape with FP8 projections (as a compressed-tensors
 //! checkpoint holds them; they run through the FP8 matvec) when `TESSERA_BENCH_FP8=1`, and
 //! SmolLM2 when `models/` holds it.
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant};
 use tessera_comm::Solo;
 use tessera_kernels::DType;
 use tessera_kernels::cuda::device::driver_present;
-use tessera_kernels::cuda::{AttentionKernel, CudaDevice, PtxCache};
+use tessera_kernels::cuda::{AttentionKernel, CudaDevice, Ops, PtxCache};
 use tessera_kernels::quant::fp8;
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::ModelConfig;
@@ -47,6 +49,10 @@ use tessera_model::weights::{Storage, TensorId, TensorSource, Weight};
 /// Context each sequence holds before the timed steps.
 const CONTEXT: usize = 256;
 const BATCHES: [usize; 4] = [1, 8, 64, 256];
+/// Prompt lengths of the prefill measurement: one sequence's prompt in one pass.
+const PREFILLS: [usize; 2] = [1024, 4096];
+/// The device-to-device copy whose GB/s every row is also compared with.
+const COPY_BYTES: usize = 1 << 30;
 
 /// Llama-3.2-1B's shape (tied embeddings, GQA 32/8).
 const SYNTHETIC_CONFIG: &str = r#"{
@@ -307,13 +313,75 @@ fn decode(
     timed
 }
 
-fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params: &SamplingParams) {
-    let (peak, source) = peak_bandwidth(device);
+/// The hardware bounds of a run: the card's peak bandwidth (and where that figure comes
+/// from) and a device copy's GB/s, measured in this process.
+struct Bounds {
+    peak: f64,
+    source: String,
+    copy: f64,
+}
+
+/// Prefill tokens/s of one sequence's prompt of each length of [`PREFILLS`], in one pass
+/// (the last position's logits come back, which waits for the device): the median of 3
+/// passes after one of warm-up.
+fn prefill(name: &str, model: &CudaLlama) {
+    let layout = model.kv_layout();
+    let max = model.config().max_position_embeddings;
+    for len in PREFILLS.into_iter().filter(|&len| len <= max) {
+        let blocks = len.div_ceil(layout.block_size);
+        let budget = blocks * layout.block_size * per_position(model);
+        let mut kv = model.new_cache(budget).unwrap();
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let prompt: Vec<u32> = (0..len as u32).map(|i| 1 + i % 1000).collect();
+        let mut times: Vec<Duration> = (0..4)
+            .map(|_| {
+                let chunk = SeqChunk {
+                    tokens: &prompt,
+                    start: 0,
+                    block_table: &table,
+                    logits: true,
+                };
+                let started = Instant::now();
+                let mut comm = Solo::default();
+                let comm = &mut SliceComm::Host(&mut comm);
+                model.forward_batch(&[chunk], &mut kv, comm).unwrap();
+                started.elapsed()
+            })
+            .skip(1)
+            .collect();
+        times.sort();
+        let seconds = times[1].as_secs_f64();
+        println!(
+            "  prefill of {len} tokens: {:.2} ms, {:.0} tokens/s",
+            seconds * 1e3,
+            len as f64 / seconds
+        );
+        let row = serde_json::json!({
+            "kind": "prefill", "model": name, "attention": model.attention().to_string(),
+            "launches_path": model.path().to_string(), "tokens": len, "ms": seconds * 1e3,
+            "tok_s": len as f64 / seconds,
+        });
+        println!("RESULT {row}");
+    }
+}
+
+fn run(
+    name: &str,
+    llama: &Llama,
+    device: &Arc<CudaDevice>,
+    steps: usize,
+    params: &SamplingParams,
+    bounds: &Bounds,
+) {
+    let Bounds { peak, source, copy } = bounds;
+    let peak = *peak;
     let mut model = CudaLlama::upload(llama, Arc::clone(device)).unwrap();
     println!(
-        "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source})",
+        "{name}: {:.1} MiB of weights read per step; peak bandwidth {:.0} GB/s ({source}); a \
+         device copy {:.0} GB/s",
         model.weight_bytes_per_step() as f64 / (1 << 20) as f64,
-        peak / 1e9
+        peak / 1e9,
+        copy / 1e9
     );
     let attention = model.attention();
     println!(
@@ -345,7 +413,7 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
         }
     );
     println!(
-        "  batch  gemm    mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak"
+        "  batch  gemm    mode    sampling  ms/step  host µs/step  tokens/s  launches/step  allocs/step  GB/s  of peak  of copy"
     );
     let modes: Vec<Mode> = [false, true]
         .into_iter()
@@ -382,7 +450,7 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             kernels => format!("{} ({kernels} in graph)", kv.last_launches()),
         };
         println!(
-            "  {batch:>5}  {gemm:<6}  {:<6}  {:<8}  {:>7.3}  {:>12.1}  {:>8.0}  {launches:>13}  {:>11}  {:>4.0}  {:>6.1}%",
+            "  {batch:>5}  {gemm:<6}  {:<6}  {:<8}  {:>7.3}  {:>12.1}  {:>8.0}  {launches:>13}  {:>11}  {:>4.0}  {:>6.1}%  {:>6.1}%",
             if mode.graphs { "graph" } else { "eager" },
             if mode.device_sampling {
                 "device"
@@ -394,7 +462,8 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             batch as f64 / per_step,
             kv.last_allocations(),
             rate / 1e9,
-            100.0 * rate / peak
+            100.0 * rate / peak,
+            100.0 * rate / copy
         );
         // For scripts/gpu-report.py: the same row, as JSON (a NaN is written null).
         let row = serde_json::json!({
@@ -405,9 +474,11 @@ fn run(name: &str, llama: &Llama, device: &Arc<CudaDevice>, steps: usize, params
             "ms_step": per_step * 1e3, "host_us_step": timed.host.as_secs_f64() * 1e6,
             "tok_s": batch as f64 / per_step, "launches_step": kv.last_launches(),
             "allocs_step": kv.last_allocations(), "gb_s": rate / 1e9, "of_peak": rate / peak,
+            "of_copy": rate / copy,
         });
         println!("RESULT {row}");
     }
+    prefill(name, &model);
 }
 
 fn main() {
@@ -433,6 +504,14 @@ fn main() {
     let cache = PtxCache::new(PtxCache::default_dir());
     let device = Arc::new(CudaDevice::open(0, &cache).unwrap_or_else(|e| panic!("{e}")));
     println!("{} (compute {:?})", device.name(), device.capability());
+    let (peak, source) = peak_bandwidth(&device);
+    let ops = Ops::new(&device, device.context().default_stream());
+    let copy = ops.copy_gbs(COPY_BYTES, 16).unwrap() * 1e9;
+    println!(
+        "RESULT {}",
+        serde_json::json!({"kind": "copy", "gb_s": copy / 1e9})
+    );
+    let bounds = Bounds { peak, source, copy };
     // `TESSERA_REPO_ROOT` where the binary runs away from its build tree (gpu-check.sh).
     let root = std::env::var_os("TESSERA_REPO_ROOT")
         .map(PathBuf::from)
@@ -446,6 +525,7 @@ fn main() {
             &device,
             steps,
             &params,
+            &bounds,
         );
     } else {
         println!("SmolLM2: {} not found, skipped", smollm2.display());
@@ -456,6 +536,7 @@ fn main() {
         &device,
         steps,
         &params,
+        &bounds,
     );
     if std::env::var("TESSERA_BENCH_FP8").as_deref() == Ok("1") {
         run(
@@ -464,6 +545,7 @@ fn main() {
             &device,
             steps,
             &params,
+            &bounds,
         );
     }
 }

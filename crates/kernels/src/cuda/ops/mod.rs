@@ -521,6 +521,24 @@ impl<'a> Ops<'a> {
         self.driver_error(what, e)
     }
 
+    /// A device-to-device copy's bandwidth in GB/s of bytes read and written: `bytes`
+    /// copied `reps` times after one copy of warm-up, timed by CUDA events. The hardware
+    /// bound the benchmarks report their GB/s against, measured in the same process.
+    pub fn copy_gbs(&self, bytes: usize, reps: usize) -> Result<f64, CudaError> {
+        let src = self.alloc::<u8>(bytes)?;
+        let mut dst = self.alloc::<u8>(bytes)?;
+        let copying = |e| self.driver_error("copying on the device", e);
+        self.stream.memcpy_dtod(&src, &mut dst).map_err(copying)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(timing).map_err(copying)?;
+        for _ in 0..reps {
+            self.stream.memcpy_dtod(&src, &mut dst).map_err(copying)?;
+        }
+        let end = self.stream.record_event(timing).map_err(copying)?;
+        let seconds = f64::from(start.elapsed_ms(&end).map_err(copying)?) / 1e3;
+        Ok(2.0 * (bytes * reps) as f64 / seconds / 1e9)
+    }
+
     fn driver_error(&self, what: &str, e: cudarc::driver::DriverError) -> CudaError {
         CudaError::Device {
             ordinal: self.device.ordinal(),
