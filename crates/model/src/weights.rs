@@ -6,8 +6,10 @@
 //! and gets the tensor whatever the file calls it.
 //!
 //! Tensor parallelism cuts weights two ways: [`Weight::rows_slice`] (whole rows: a sub-range
-//! of the same map, no copy) and [`Weight::cols_slice`] (a column range of every row: the
-//! per-row byte segments copied into owned storage).
+//! of the same map, no copy; rows of a tensor converted at load, such as FP8 packed with its
+//! scales, are copied out, so that a rank does not keep the whole tensor alive) and
+//! [`Weight::cols_slice`] (a column range of every row: the per-row byte segments copied
+//! into owned storage).
 
 use std::ops::Range;
 use std::path::Path;
@@ -24,18 +26,30 @@ pub struct Storage {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     start: usize,
     len: usize,
+    /// Bytes in memory of their own ([`Storage::from_vec`]), not a file's map.
+    owned: bool,
 }
 
 impl Storage {
-    /// `owner[start..start + len]`; the caller has checked the range.
+    /// `owner[start..start + len]`, a file's map; the caller has checked the range.
     pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Storage {
-        Storage { owner, start, len }
+        Storage {
+            owner,
+            start,
+            len,
+            owned: false,
+        }
     }
 
     /// Bytes owned by this storage alone (a slice copied out of a map, or converted).
     pub fn from_vec(bytes: Vec<u8>) -> Storage {
         let len = bytes.len();
-        Storage::new(Arc::new(bytes), 0, len)
+        Storage {
+            owner: Arc::new(bytes),
+            start: 0,
+            len,
+            owned: true,
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -50,12 +64,17 @@ impl Storage {
         self.len == 0
     }
 
-    /// `self[offset..offset + len]`, sharing the owner; the caller has checked the range.
+    /// `self[offset..offset + len]`; the caller has checked the range. A map's bytes are
+    /// shared; a part of bytes in memory is copied, so that the rest can be freed.
     fn sub(&self, offset: usize, len: usize) -> Storage {
+        if self.owned && len < self.len {
+            return Storage::from_vec(self.bytes()[offset..offset + len].to_vec());
+        }
         Storage {
             owner: Arc::clone(&self.owner),
             start: self.start + offset,
             len,
+            owned: self.owned,
         }
     }
 }
@@ -412,6 +431,27 @@ mod tests {
         Weight::new(Path::new("t"), "w", DType::Q8_0, rows, cols, storage).unwrap()
     }
 
+    /// `w`'s bytes behind a map-like owner, as a file's tensors are held.
+    fn mapped(w: &Weight) -> Weight {
+        let map: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(w.bytes().to_vec());
+        Weight {
+            storage: Storage::new(map, 0, w.storage_bytes()),
+            ..w.clone()
+        }
+    }
+
+    /// A rank's rows of a tensor in memory (FP8 packed at load, say) are copied out, so
+    /// that the whole tensor is freed once loading drops it.
+    #[test]
+    fn rows_of_owned_bytes_are_copied_out() {
+        let owned = q8_weight(4, 64);
+        let part = owned.rows_slice(1..3).unwrap();
+        assert!(!Arc::ptr_eq(&owned.storage.owner, &part.storage.owner));
+        assert_eq!(part.bytes(), &owned.bytes()[68..3 * 68]);
+        let whole = owned.rows_slice(0..4).unwrap();
+        assert!(Arc::ptr_eq(&owned.storage.owner, &whole.storage.owner));
+    }
+
     fn cut(all: &[f32], cols: usize, rows: Range<usize>, take: Range<usize>) -> Vec<f32> {
         all.chunks(cols)
             .skip(rows.start)
@@ -422,7 +462,7 @@ mod tests {
 
     #[test]
     fn rows_slice_shares_the_storage() {
-        let w = q8_weight(6, 64);
+        let w = mapped(&q8_weight(6, 64));
         let all = w.to_f32().unwrap();
         let s = w.rows_slice(2..5).unwrap();
         assert_eq!((s.rows, s.cols, s.dtype), (3, 64, DType::Q8_0));
