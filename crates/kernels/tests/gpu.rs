@@ -376,9 +376,7 @@ fn grouped_attention_matches_the_cpu_for_each_group_head_size_and_split() {
             // ask (18 pairs do not fill a GPU), and split 7 and 64 ways.
             for partitions in [Some(1), None, Some(7), Some(64)] {
                 let target = case.target(q_heads, partitions);
-                let mut index = ops
-                    .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-                    .unwrap();
+                let mut index = case.index(&ops, &query_seq, &contexts, target);
                 let what = format!(
                     "grouped attention, head_dim {head_dim}, {group} heads per KV head, {} \
                      partitions",
@@ -417,9 +415,7 @@ fn grouped_attention_serves_a_causal_chunk_and_a_refilled_index() {
     let want = case.attend(&q, &query_seq, &contexts, q_heads);
     for partitions in [None, Some(5)] {
         let target = case.target(q_heads, partitions);
-        let mut index = ops
-            .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-            .unwrap();
+        let mut index = case.index(&ops, &query_seq, &contexts, target);
         let what = format!("grouped causal chunk, {} partitions", index.partitions());
         close(
             &what,

@@ -405,9 +405,7 @@ fn the_bf16_output_of_the_grouped_attention_is_its_f32_output_rounded() {
     );
     for partitions in [Some(1), Some(5)] {
         let target = case.target(q_heads, partitions);
-        let mut index = ops
-            .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-            .unwrap();
+        let mut index = case.index(&ops, &query_seq, &contexts, target);
         let (mut out, mut out16) = (
             ops.alloc::<f32>(q.len()).unwrap(),
             ops.alloc::<u16>(q.len()).unwrap(),

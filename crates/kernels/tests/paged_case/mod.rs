@@ -100,6 +100,18 @@ impl PagedCase {
         }
     }
 
+    /// The device index of queries `query_seq` seeing `contexts` positions of this cache.
+    pub fn index(
+        &self,
+        ops: &Ops<'_>,
+        query_seq: &[u32],
+        contexts: &[u32],
+        target: AttentionTarget,
+    ) -> AttentionIndex {
+        ops.attention_index(&self.tables, self.max_blocks, query_seq, contexts, target)
+            .unwrap()
+    }
+
     /// `q`'s attention on the device through `index`.
     pub fn run(&self, ops: &Ops<'_>, q: &[f32], index: &mut AttentionIndex) -> Vec<f32> {
         let (k_cache, v_cache) = (
@@ -164,9 +176,7 @@ fn both_attention_kernels_slide_a_window() {
                 kernel,
                 ..case.target(q_heads, partitions)
             };
-            let mut index = ops
-                .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-                .unwrap();
+            let mut index = case.index(&ops, &query_seq, &contexts, target);
             index.set_window(Some(window)).unwrap();
             let what = format!(
                 "{kernel} attention, window {window}, {} partitions",
@@ -189,9 +199,7 @@ fn both_attention_kernels_slide_a_window() {
         }
     }
     let target = case.target(q_heads, None);
-    let mut index = ops
-        .attention_index(&case.tables, case.max_blocks, &query_seq, &contexts, target)
-        .unwrap();
+    let mut index = case.index(&ops, &query_seq, &contexts, target);
     assert!(
         index.set_window(Some(0)).is_err(),
         "a window of 0 positions"
