@@ -179,7 +179,7 @@ impl SafetensorsSource {
             message,
         };
         let scale_name = format!("{name}_scale");
-        let scales = self.scales(&scale_name, rows, name)?;
+        let scales = self.scales(&scale_name, rows, (name, path))?;
         if !cols.is_multiple_of(fp8::F8_E4M3_BLOCK_VALUES) {
             return Err(bad(format!(
                 "FP8 tensor `{name}` has rows of {cols} values; Tessera needs a multiple of \
@@ -209,13 +209,18 @@ impl SafetensorsSource {
         Weight::new(path, name, DType::F8E4M3, rows, cols, storage)
     }
 
-    /// The scales `scale_name` of FP8 tensor `of` (`rows` rows): one for the tensor (shape
-    /// `[]` or `[1]`) or one per row (`[rows]` or `[rows, 1]`), each finite.
-    fn scales(&self, scale_name: &str, rows: usize, of: &str) -> Result<Vec<f32>, ModelError> {
+    /// The scales `scale_name` of FP8 tensor `of` (`rows` rows, in file `of_path`): one for
+    /// the tensor (shape `[]` or `[1]`) or one per row (`[rows]` or `[rows, 1]`), each
+    /// finite.
+    fn scales(
+        &self,
+        scale_name: &str,
+        rows: usize,
+        (of, of_path): (&str, &Path),
+    ) -> Result<Vec<f32>, ModelError> {
         let Some(entry) = self.entries.get(scale_name) else {
-            let path = self.dir.join("model.safetensors");
             return Err(ModelError::Safetensors {
-                path,
+                path: of_path.into(),
                 message: format!("FP8 tensor `{of}` has no scale tensor `{scale_name}`"),
             });
         };
