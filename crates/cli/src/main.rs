@@ -24,6 +24,7 @@ mod drain_cmd;
 mod generate;
 mod group_cmd;
 mod http;
+mod model_cmd;
 mod remote;
 mod topology_cmd;
 mod up;
@@ -60,6 +61,9 @@ enum Command {
     /// Take a tensor-parallel group out of routing for maintenance (`drain`, waiting until
     /// it is idle), or put it back (`resume`).
     Group(group_cmd::GroupArgs),
+    /// A model's versions: deploy one (as a canary or on every group), promote the
+    /// canary, roll back, or show them.
+    Model(model_cmd::ModelArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +95,7 @@ fn main() -> ExitCode {
         Command::Cluster(args) => cluster_cmd::run(args),
         Command::Drain(args) => drain_cmd::run(args),
         Command::Group(args) => group_cmd::run(args),
+        Command::Model(args) => model_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -27,7 +27,7 @@ use tessera_topology::{PeerId, Rank};
 use crate::collective::GroupToken;
 
 /// Bumped on any change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// A `u64` that names one kind of thing, so that ids of different kinds cannot be mixed
 /// up. Transparent on the wire: bincode encodes it as the `u64` it wraps.
@@ -303,6 +303,17 @@ pub struct Assignment {
     /// The steps to run before saying `Ready` when the rank starts the epoch with a new
     /// KV cache (not when it carries its cache into the epoch).
     pub warmup: Warmup,
+    /// The model version the epoch serves: a rank that holds another one's weights loads
+    /// these (and starts with a new KV cache).
+    pub model: ModelSource,
+}
+
+/// One version of a group's model: its files, as the coordinator's topology or a deploy
+/// names them (`tessera model deploy`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSource {
+    pub version: u32,
+    pub path: String,
 }
 
 /// The largest steps the coordinator will plan for a group, which a rank runs on a new KV

@@ -8,8 +8,9 @@ use tessera_comm::CommError;
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
     Assignment, Bootstrap, CoordinatorMsg, Epoch, ErrorClass, FinishReason, GpuStats, HeldSeq,
-    NewSeq, PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId, SeqToken, ShardMsg,
-    ShardStats, StepDone, StepId, StepPlan, StepTimings, Term, TokenLogprobs, Warmup, WireError,
+    ModelSource, NewSeq, PROTOCOL_VERSION, PrefillChunk, Ready, Register, Sampling, SeqId,
+    SeqToken, ShardMsg, ShardStats, StepDone, StepId, StepPlan, StepTimings, Term, TokenLogprobs,
+    Warmup, WireError,
 };
 use tessera_comm::wire::{
     FRAME_HEADER_BYTES, MAX_FRAME_BYTES, decode, encode, encode_frame, read_frame, split_frame,
@@ -156,6 +157,10 @@ fn coordinator_msgs() -> Vec<CoordinatorMsg> {
             warmup: Warmup {
                 prefill_tokens: 256,
                 decode_seqs: 64,
+            },
+            model: ModelSource {
+                version: 3,
+                path: "/models/llama-v3".into(),
             },
         })
     };

@@ -6,9 +6,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::{Epoch, Term, WireError};
+use tessera_comm::proto::{Epoch, ModelSource, Term, WireError};
 use tessera_topology::{Collective, Topology};
 
+use crate::canary::Outcomes;
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
 use crate::error::CoordinatorError;
 use crate::group::GroupHandle;
@@ -21,23 +22,46 @@ pub struct Cluster {
     groups: Arc<BTreeMap<String, GroupHandle>>,
     /// Prompt prefix key → the group that last got it.
     affinity: Arc<Mutex<HashMap<u64, String>>>,
+    /// Per model with a canary: how its requests split between versions.
+    splits: Arc<Mutex<HashMap<String, Split>>>,
+    /// Every request's end, per model version, as the groups count them.
+    outcomes: Arc<Outcomes>,
+}
+
+/// A model's canary: `percent` of its requests go to groups serving `version`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    version: u32,
+    percent: u8,
+    /// Requests split so far.
+    routed: u64,
 }
 
 impl Cluster {
     /// Starts one driver per group of `topology`. Must run inside a tokio runtime.
     pub fn start(topology: &Topology, term: Term, limits: Limits) -> Cluster {
-        Cluster::start_recorded(topology, term, limits, &BTreeMap::new(), None)
+        Cluster::start_recorded(
+            topology,
+            term,
+            limits,
+            &BTreeMap::new(),
+            None,
+            &BTreeMap::new(),
+        )
     }
 
     /// [`Cluster::start`], each group's epochs starting after `epochs[group]` and recorded,
-    /// with its ready shards, in `journal`.
+    /// with its ready shards, in `journal`; each group serving the model version
+    /// `sources[group]` (by default version 1, its topology's files).
     pub fn start_recorded(
         topology: &Topology,
         term: Term,
         limits: Limits,
         epochs: &BTreeMap<String, u64>,
         journal: Option<EpochJournal>,
+        sources: &BTreeMap<String, ModelSource>,
     ) -> Cluster {
+        let outcomes = Arc::new(Outcomes::default());
         // Numbered from the term up, so that sequences shards carry over from an
         // earlier leader's epoch keep ids no new sequence takes.
         let seq_ids = Arc::new(AtomicU64::new((term.0 << 40) + 1));
@@ -76,6 +100,17 @@ impl Cluster {
                     scheduler: SchedulerConfig::default(),
                     first_epoch: Epoch(epochs.get(&g.name).copied().unwrap_or(0)),
                     journal: journal.clone(),
+                    source: sources
+                        .get(&g.name)
+                        .cloned()
+                        .unwrap_or_else(|| ModelSource {
+                            version: 1,
+                            path: topology
+                                .model(&g.model)
+                                .map(|m| m.path.display().to_string())
+                                .unwrap_or_default(),
+                        }),
+                    outcomes: Arc::clone(&outcomes),
                 };
                 (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))
             })
@@ -83,7 +118,54 @@ impl Cluster {
         Cluster {
             groups: Arc::new(groups),
             affinity: Arc::new(Mutex::new(HashMap::new())),
+            splits: Arc::new(Mutex::new(HashMap::new())),
+            outcomes,
         }
+    }
+
+    /// Every request's end, per model version.
+    pub fn outcomes(&self) -> &Arc<Outcomes> {
+        &self.outcomes
+    }
+
+    /// The groups, by name.
+    pub fn groups(&self) -> impl Iterator<Item = &GroupHandle> {
+        self.groups.values()
+    }
+
+    /// Sends `percent` of `model`'s requests to its groups serving `version` (a canary),
+    /// or, with `None`, routes by load alone.
+    pub fn set_split(&self, model: &str, canary: Option<(u32, u8)>) {
+        let mut splits = self.splits.lock().unwrap_or_else(PoisonError::into_inner);
+        match canary {
+            None => {
+                splits.remove(model);
+            }
+            Some((version, percent)) => {
+                let split = splits.entry(model.to_string()).or_insert(Split {
+                    version,
+                    percent,
+                    routed: 0,
+                });
+                if (split.version, split.percent) != (version, percent) {
+                    *split = Split {
+                        version,
+                        percent,
+                        routed: 0,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Which side of `model`'s canary split the next request goes to: `Some(true)` for
+    /// the canary version, `None` without a split.
+    fn next_side(&self, model: &str) -> Option<(u32, bool)> {
+        let mut splits = self.splits.lock().unwrap_or_else(PoisonError::into_inner);
+        let split = splits.get_mut(model)?;
+        let canary = to_canary(split.routed, split.percent);
+        split.routed += 1;
+        Some((split.version, canary))
     }
 
     pub fn group(&self, name: &str) -> Option<&GroupHandle> {
@@ -133,11 +215,21 @@ impl Cluster {
     /// The group for a request: see [`pick`]. Remembers which group got which prompt
     /// prefix, so that requests sharing one land where its KV blocks are cached.
     fn route(&self, request: &GenerateRequest) -> Option<&GroupHandle> {
-        let groups: Vec<&GroupHandle> = self
+        let mut groups: Vec<&GroupHandle> = self
             .groups
             .values()
-            .filter(|g| g.model == request.model && !g.is_drained())
+            .filter(|g| g.model == request.model && !g.is_drained() && !g.is_switching())
             .collect();
+        // With a canary, the split picks the version's groups (while both sides have
+        // one: a side whose groups are all away gives its share to the other).
+        if let Some((version, canary)) = self.next_side(&request.model) {
+            let side: Vec<&GroupHandle> = (groups.iter().copied())
+                .filter(|g| (g.version() == version) == canary)
+                .collect();
+            if !side.is_empty() {
+                groups = side;
+            }
+        }
         let loads: Vec<Load> = groups.iter().map(|g| Load::of(&g.status())).collect();
         let key = prefix_key(&request.prompt);
         let mut affinity = self.affinity.lock().unwrap_or_else(PoisonError::into_inner);
@@ -231,7 +323,9 @@ impl Engine for Cluster {
         if of_model.peek().is_none() {
             return Ok(());
         }
-        let mut open = of_model.filter(|g| !g.is_drained()).peekable();
+        let mut open = of_model
+            .filter(|g| !g.is_drained() && !g.is_switching())
+            .peekable();
         if open.peek().is_none() {
             return Err(self.no_route(model.to_string()));
         }
@@ -252,8 +346,18 @@ impl Engine for Cluster {
 
     fn ready(&self, model: &str) -> bool {
         let groups = self.groups.values().filter(|g| g.model == model);
-        model_ready(groups.map(|g| (g.has_warmed(), g.is_ready() && !g.is_drained())))
+        model_ready(groups.map(|g| {
+            let serving = g.is_ready() && !g.is_drained() && !g.is_switching();
+            (g.has_warmed(), serving)
+        }))
     }
+}
+
+/// Whether request `n` (from 0) of a split goes to the canary: exactly `percent` of
+/// every 100 consecutive requests do, spread evenly.
+fn to_canary(n: u64, percent: u8) -> bool {
+    let p = u64::from(percent.min(100));
+    (n + 1) * p / 100 > n * p / 100
 }
 
 /// Whether a model whose groups are `(warmed up, serving now and not drained)` is ready:
@@ -313,6 +417,22 @@ mod tests {
         let warm = load(true, 0, 5, 0.7);
         assert_eq!(pick(&[light, warm], Some(1)), Some(1));
         assert_eq!(pick(&[light, busy], Some(1)), Some(0));
+    }
+
+    #[test]
+    fn a_split_sends_exactly_its_percent_to_the_canary_in_every_hundred() {
+        for percent in [0u8, 1, 10, 25, 33, 50, 99, 100] {
+            for start in [0u64, 100, 1_000_000] {
+                let sent = (start..start + 100)
+                    .filter(|&n| to_canary(n, percent))
+                    .count();
+                assert_eq!(sent, usize::from(percent), "{percent}% from {start}");
+            }
+        }
+        // Spread: 25% is one request in every 4.
+        let first: Vec<bool> = (0..8).map(|n| to_canary(n, 25)).collect();
+        assert_eq!(first.iter().filter(|&&c| c).count(), 2);
+        assert!(!first[..3].iter().all(|&c| c) && first[..4].iter().any(|&c| c));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tessera_topology::PeerId;
 use tokio::sync::mpsc;
 
 use crate::error::CoordinatorError;
+use crate::replication::state::rollout::{Canary, RolloutEvent, Version};
 
 pub use tessera_comm::proto::TokenLogprobs;
 
@@ -51,7 +52,33 @@ pub struct TokenEvent {
 /// `finish`, or with one `Err` (the group failed, the request was cancelled). Dropping the
 /// receiver cancels the sequence: the scheduler stops planning it and its KV blocks are
 /// freed on every shard.
-pub type TokenStream = mpsc::UnboundedReceiver<Result<TokenEvent, WireError>>;
+#[derive(Debug)]
+pub struct TokenStream {
+    events: mpsc::UnboundedReceiver<Result<TokenEvent, WireError>>,
+    /// The model version that serves it, where known (a rollout's
+    /// `x-tessera-model-version`).
+    pub version: Option<u32>,
+}
+
+impl TokenStream {
+    /// A stream of `events`, of no known version.
+    pub fn new(events: mpsc::UnboundedReceiver<Result<TokenEvent, WireError>>) -> TokenStream {
+        TokenStream {
+            events,
+            version: None,
+        }
+    }
+
+    /// The same stream, served by model version `version`.
+    pub fn versioned(self, version: Option<u32>) -> TokenStream {
+        TokenStream { version, ..self }
+    }
+
+    /// The next event; `None` once the sender is gone.
+    pub async fn recv(&mut self) -> Option<Result<TokenEvent, WireError>> {
+        self.events.recv().await
+    }
+}
 
 /// Every token of a finished sequence.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,6 +168,62 @@ pub trait Engine: Send + Sync + 'static {
             CoordinatorError::NotReplicated.into()
         )))
     }
+
+    /// Changes `model`'s versions once committed (`None`: only reads them): its versions
+    /// then. Engines without replication refuse.
+    fn rollout(
+        &self,
+        model: String,
+        action: Option<RolloutAction>,
+    ) -> BoxFuture<'_, Result<VersionsStatus, WireError>> {
+        let _ = (model, action);
+        Box::pin(std::future::ready(Err(
+            CoordinatorError::NotReplicated.into()
+        )))
+    }
+}
+
+/// A change to a model's versions, as the API asks it (`tessera model …`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RolloutAction {
+    /// A new version from `path`: a canary of `canary_percent` on `groups` (by default
+    /// the model's last group), or, without a percent and groups, stable on every group.
+    Deploy {
+        path: String,
+        canary_percent: Option<u8>,
+        groups: Vec<String>,
+    },
+    Promote,
+    /// Back to version `to` (by default: the stable version from a canary, or the
+    /// previous stable version).
+    Rollback {
+        to: Option<u32>,
+    },
+}
+
+/// A model's versions and where each group stands, for `tessera model status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct VersionsStatus {
+    pub model: String,
+    pub stable: u32,
+    pub previous: Option<u32>,
+    pub canary: Option<Canary>,
+    /// Oldest first.
+    pub versions: Vec<Version>,
+    /// Deploys, promotions and rollbacks (automatic ones with their reason), oldest first.
+    pub events: Vec<RolloutEvent>,
+    pub groups: Vec<GroupVersion>,
+}
+
+/// The version a group serves, and the one it should.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GroupVersion {
+    pub name: String,
+    /// The version of its last served epoch (0 before its first).
+    pub version: u32,
+    pub target: u32,
+    pub switching: bool,
+    pub state: &'static str,
 }
 
 /// A membership change of the coordinator peers (one voter at a time).
@@ -183,6 +266,11 @@ pub struct ModelStatus {
     /// Its files, as the recording leader's topology resolves them.
     pub path: String,
     pub groups: Vec<String>,
+    /// Its stable version (1: the topology's files) and canary, if one runs.
+    pub stable: u32,
+    pub canary: Option<Canary>,
+    /// Its last deploys, promotions and rollbacks (automatic ones with their reason).
+    pub events: Vec<RolloutEvent>,
 }
 
 /// One coordinator peer.
@@ -211,6 +299,10 @@ pub struct GroupStatus {
     pub state: &'static str,
     /// Taken out of routing (`tessera group drain`): it takes no new request.
     pub drained: bool,
+    /// Out of routing while it moves to another model version (a rollout).
+    pub switching: bool,
+    /// The model version of the epoch it served last (0 before its first).
+    pub version: u32,
     pub epoch: Epoch,
     /// Sequences with KV on the shards / waiting in the queue.
     pub running: usize,

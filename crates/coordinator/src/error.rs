@@ -114,6 +114,17 @@ pub enum CoordinatorError {
         source: ProposalError,
     },
 
+    // Model rollouts.
+    #[error("model `{model}`: {reason}")]
+    RolloutRefused { model: String, reason: String },
+    #[error("`{path}` cannot be deployed: {reason}")]
+    BadModelPath { path: String, reason: String },
+    #[error("the rollout of model `{model}` was not committed: {source}")]
+    RolloutNotCommitted {
+        model: String,
+        source: ProposalError,
+    },
+
     // Forwarding to the leader.
     #[error("forwarding to the leader (peer {leader}, QUIC address {quic}) failed: {reason}")]
     ForwardFailed {
@@ -176,6 +187,7 @@ impl CoordinatorError {
             | E::MembershipNotCommitted { .. }
             | E::ModelDrained { .. }
             | E::DrainNotCommitted { .. }
+            | E::RolloutNotCommitted { .. }
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }
             | E::TooLarge { .. }
@@ -193,6 +205,8 @@ impl CoordinatorError {
             | E::NotAShard { .. }
             | E::CertificateMismatch { .. }
             | E::UnknownGroup { .. }
+            | E::RolloutRefused { .. }
+            | E::BadModelPath { .. }
             | E::NoSuchRank { .. } => ErrorClass::InvalidRequest,
         }
     }

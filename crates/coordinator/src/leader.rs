@@ -14,6 +14,7 @@
 mod bounds;
 mod engine;
 mod journal;
+mod rollout;
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,6 +24,7 @@ use tessera_topology::{CoordinatorPeer, PeerId, Topology};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+use crate::canary::Thresholds;
 use crate::cluster::Cluster;
 use crate::engine::PeerStatus;
 use crate::error::CoordinatorError;
@@ -50,6 +52,8 @@ pub struct Leadership {
     leading: Arc<RwLock<Option<Leading>>>,
     tails: Tails,
     budget: JournalBudget,
+    /// When a canary is rolled back.
+    canary: Thresholds,
 }
 
 #[derive(Clone, Debug)]
@@ -90,9 +94,11 @@ impl Leadership {
         topology: Arc<Topology>,
         limits: Limits,
         journal: JournalLimits,
+        canary: Thresholds,
         announce: Announce,
     ) -> Leadership {
         let this = Leadership {
+            canary,
             budget: JournalBudget::new(node.clone(), journal),
             me,
             node,
@@ -142,12 +148,14 @@ impl Leadership {
                         }
                     });
                 }));
+                let sources = rollout::targets(&self.node.summary().borrow(), &self.topology);
                 let cluster = Cluster::start_recorded(
                     &self.topology,
                     role.term,
                     limits,
                     &epochs,
                     Some(journal),
+                    &sources,
                 );
                 self.set(Some(Leading {
                     term: role.term,
@@ -156,6 +164,13 @@ impl Leadership {
                 // Before any request is routed; then as every committed change says.
                 set_drains(&cluster, &self.node.summary().borrow());
                 tokio::spawn(self.clone().follow_drains(cluster.clone(), role.term));
+                tokio::spawn(self.clone().follow_rollouts(
+                    cluster.clone(),
+                    role.term,
+                    sources,
+                    self.canary,
+                    limits.assign_deadline,
+                ));
                 tokio::spawn(self.clone().resume_open(cluster));
                 tokio::spawn(self.clone().record_models());
             }

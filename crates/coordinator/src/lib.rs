@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod canary;
 pub mod cluster;
 pub mod engine;
 pub mod error;

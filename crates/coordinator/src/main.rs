@@ -19,6 +19,7 @@ use tessera_comm::quic;
 use tessera_coordinator::api::drain::{self, Drain};
 use tessera_coordinator::api::listen::{self, ConnLimits};
 use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
+use tessera_coordinator::canary::CanaryArgs;
 use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::{Limits, WarmupMode};
 use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
@@ -110,6 +111,8 @@ struct Args {
     warmup: WarmupMode,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    canary: CanaryArgs,
 }
 
 /// What one peer takes on before it sheds load (see docs/api.md, "Limits"). Zero turns a
@@ -293,6 +296,7 @@ fn failpoints() -> fail::FailScenario<'static> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal_limits = args.journal_limits()?;
+    let canary = args.canary.thresholds().map_err(anyhow::Error::msg)?;
     let api_limits = args.limits.api()?;
     let conn_limits = args.limits.connections()?;
     let group_limits = Limits {
@@ -346,6 +350,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Arc::clone(&topology),
         group_limits,
         journal_limits,
+        canary,
         announce,
     );
 

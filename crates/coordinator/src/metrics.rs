@@ -67,6 +67,15 @@ pub const PREFIX_CACHE_HIT_TOKENS: &str = "tessera_prefix_cache_hit_tokens_total
 /// Tokens computed per step (prompt chunks + decodes) (histogram).
 pub const STEP_TOKENS: &str = "tessera_scheduler_step_tokens";
 
+/// A model's stable version, and its canary's (gauges; `model`, `role`: stable, canary;
+/// the canary's is 0 without one).
+pub const MODEL_VERSION: &str = "tessera_model_version";
+/// The share of a model's requests its canary gets, 0 to 100 (gauge; `model`).
+pub const MODEL_CANARY_PERCENT: &str = "tessera_model_canary_percent";
+/// Rollbacks of a model's version, by `cause`: automatic (a failing canary) or manual
+/// (counter).
+pub const MODEL_ROLLBACKS: &str = "tessera_model_rollbacks_total";
+
 /// Requests in the replicated journal, open or finished (gauge).
 pub const JOURNAL_ENTRIES: &str = "tessera_journal_entries";
 /// Requests in the journal not finished yet (gauge).

@@ -17,6 +17,9 @@ pub enum ShardError {
         #[from]
         source: ModelError,
     },
+    /// A model version this group cannot slice (tp does not divide its heads, say).
+    #[error("model version {version}: {message}")]
+    Version { version: u32, message: String },
     #[error("step {step}: {message}")]
     BadPlan { step: StepId, message: String },
     #[error("no assignment yet: a step plan arrived before `Assign`")]
@@ -41,6 +44,10 @@ pub enum ShardError {
     /// The compute thread is gone (the process is shutting down).
     #[error("the compute thread stopped")]
     ComputeStopped,
+    /// Fault injection for tests (`TESSERA_FAULT_STEP_ERROR_FILE`): the model served holds
+    /// the planted file, so its every step fails.
+    #[error("fault injection: {file} is planted in the model, so every step fails")]
+    PlantedFault { file: String },
 }
 
 impl ShardError {
@@ -51,9 +58,11 @@ impl ShardError {
             ShardError::Comm { source } => source.class(),
             ShardError::Connection { .. } | ShardError::Resolve { .. } => ErrorClass::Unavailable,
             ShardError::BadPlan { .. }
+            | ShardError::Version { .. }
             | ShardError::NotAssigned
             | ShardError::Refused { .. }
-            | ShardError::ComputeStopped => ErrorClass::Internal,
+            | ShardError::ComputeStopped
+            | ShardError::PlantedFault { .. } => ErrorClass::Internal,
         }
     }
 

@@ -111,9 +111,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow!("model `{}` is not in the topology", group.model))?;
     let config = ModelConfig::from_path(&model.path)
         .with_context(|| format!("reading model `{}`", model.name))?;
-    let plans = plan_group(group.tp, &config.shape())
-        .map_err(|e| anyhow!("group `{}`: {e}", group.name))?;
-    let plan = plans[rank.0 as usize].clone();
+    // The topology's model must slice for this group; each assignment's version is
+    // sliced as it is loaded.
+    plan_group(group.tp, &config.shape()).map_err(|e| anyhow!("group `{}`: {e}", group.name))?;
     rayon::ThreadPoolBuilder::new()
         .num_threads(shard.threads.max(1))
         .build_global()
@@ -139,14 +139,13 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let worker_config = WorkerConfig {
         rank,
         tp: group.tp,
-        model_path: model.path.clone(),
         dtype: model.dtype,
-        plan,
         kv_memory_bytes: shard.kv_memory_bytes,
         #[cfg(feature = "cuda")]
         device,
         device_sampling: args.device_sampling,
         step_delay: fault_step_delay()?,
+        step_error_file: std::env::var("TESSERA_FAULT_STEP_ERROR_FILE").ok(),
     };
     std::thread::Builder::new()
         .name("compute".into())

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, Epoch, NewSeq, PrefillChunk, Sampling, SeqId, ShardMsg,
-    StepId, StepPlan, Term, Warmup,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, ModelSource, NewSeq, PrefillChunk, Sampling,
+    SeqId, ShardMsg, StepId, StepPlan, Term, Warmup,
 };
 use tessera_comm::{GroupToken, quic, wire};
 use tessera_tests::{Cluster, GroupSpec, fixture, local_peer_addrs, peers_topology_text};
@@ -92,6 +92,10 @@ fn assign(term: u64, epoch: u64) -> CoordinatorMsg {
         collective_deadline_ms: 2000,
         keep: Vec::new(),
         warmup: Warmup::NONE,
+        model: ModelSource {
+            version: 1,
+            path: fixture("llama-gqa/f32").display().to_string(),
+        },
     })
 }
 

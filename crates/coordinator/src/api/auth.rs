@@ -33,9 +33,14 @@ use super::error::{ApiError, ApiErrorKind};
 /// Paths served without a key.
 const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", "/"];
 
-/// Where only admin keys may go: changes to the cluster (its peers, a group's drain), and
-/// a peer's drain.
-const ADMIN_PREFIXES: [&str; 3] = ["/v1/cluster/peers", "/v1/cluster/groups/", "/v1/admin/"];
+/// Where only admin keys may go: changes to the cluster (its peers, a group's drain, a
+/// model's versions), and a peer's drain.
+const ADMIN_PREFIXES: [&str; 4] = [
+    "/v1/cluster/peers",
+    "/v1/cluster/groups/",
+    "/v1/cluster/models/",
+    "/v1/admin/",
+];
 
 /// The accepted keys. `Debug` never shows them.
 #[derive(Clone, Default)]

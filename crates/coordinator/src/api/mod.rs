@@ -49,6 +49,7 @@ mod params;
 mod peers;
 mod respond;
 mod resume;
+mod rollout;
 mod status;
 mod stream;
 mod types;
@@ -157,6 +158,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/cluster/peers/{id}", delete(peers::remove))
         .route("/v1/cluster/groups/{group}/drain", post(groups::drain))
         .route("/v1/cluster/groups/{group}/resume", post(groups::resume))
+        .route("/v1/cluster/models/{model}", get(rollout::status))
+        .route("/v1/cluster/models/{model}/deploy", post(rollout::deploy))
+        .route("/v1/cluster/models/{model}/promote", post(rollout::promote))
+        .route(
+            "/v1/cluster/models/{model}/rollback",
+            post(rollout::rollback),
+        )
         .route("/v1/admin/drain", get(drain::status).post(drain::start))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

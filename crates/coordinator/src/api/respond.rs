@@ -93,8 +93,14 @@ pub(crate) async fn respond(
             Err(error) => return Err(error.into()),
         }
     }
+    // The version of the first choice (choices of one request may meet different
+    // versions while a canary runs).
+    let version = streams.first().and_then(|s| s.version);
     if detached && let Some(tokens) = streams.pop() {
-        return Ok(named(detach::accepted(&id, tokens), &id));
+        return Ok(versioned(
+            named(detach::accepted(&id, tokens), &id),
+            version,
+        ));
     }
     let meta = Meta {
         id,
@@ -120,8 +126,22 @@ pub(crate) async fn respond(
             Err(error) => error.into_response(),
         }
     };
-    Ok(named(response, &id))
+    Ok(versioned(named(response, &id), version))
 }
+
+/// `response`, with the header naming the model version that served it, when known.
+fn versioned(mut response: Response, version: Option<u32>) -> Response {
+    if let Some(v) = version {
+        response
+            .headers_mut()
+            .insert(MODEL_VERSION, axum::http::HeaderValue::from(v));
+    }
+    response
+}
+
+/// The response header naming the model version that served the request (a rollout's:
+/// `tessera model status`).
+pub(crate) const MODEL_VERSION: &str = "x-tessera-model-version";
 
 /// How the client asked to be answered.
 #[derive(Clone, Copy, Debug)]

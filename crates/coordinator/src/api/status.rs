@@ -93,11 +93,22 @@ function bytes(n) {
 function render(status) {
   const root = document.getElementById("groups");
   root.replaceChildren();
+  for (const m of status.models || []) {
+    const canary = m.canary ? "; canary version " + m.canary.version + " at " + m.canary.percent + "% on " + m.canary.groups.join(", ") : "";
+    root.appendChild(el("h2", "model " + m.name + ": stable version " + m.stable + canary));
+    if (m.events.length) {
+      const t = el("table");
+      t.appendChild(row(["when", "rollout event"], true));
+      for (const e of m.events.slice().reverse()) t.appendChild(row([new Date(e.at_ms).toLocaleString(), e.what]));
+      root.appendChild(t);
+    }
+  }
   for (const g of status.groups) {
-    root.appendChild(el("h2", "group " + g.name + " (model " + g.model + ", tp " + g.tp + ")"));
+    root.appendChild(el("h2", "group " + g.name + " (model " + g.model + " version " + g.version + ", tp " + g.tp + ")"));
     const t = el("table");
     t.appendChild(row(["state", "epoch", "running", "waiting", "KV blocks used", "tokens/s", "prefix-cache hit tokens"], true));
-    const state = g.drained ? el("span", g.state + " (drained)", "drained") : el("span", g.state, g.state);
+    const away = g.drained ? " (drained)" : g.switching ? " (switching version)" : "";
+    const state = away ? el("span", g.state + away, "drained") : el("span", g.state, g.state);
     t.appendChild(row([state, g.epoch, g.running, g.waiting,
       bar(g.kv_blocks_used, g.kv_blocks), g.tokens_per_second.toFixed(1), g.prefix_cache_hit_tokens]));
     root.appendChild(t);

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use tessera_comm::proto::{CoordinatorMsg, Epoch, HeldSeq, SeqId, ShardMsg, StepId, Term};
+use tessera_comm::proto::{
+    CoordinatorMsg, Epoch, HeldSeq, ModelSource, SeqId, ShardMsg, StepId, Term,
+};
 use tessera_comm::wire;
 use tessera_topology::Rank;
 use tokio::sync::mpsc;
@@ -30,6 +32,7 @@ use tracing::{info, warn};
 
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::{GroupCommand, GroupHandle, Shared, TokenSender};
+use crate::canary::Outcomes;
 use crate::engine::{GroupStatus, ShardStatus};
 use crate::metrics as m;
 use crate::replication::state::Command;
@@ -58,6 +61,10 @@ pub struct GroupConfig {
     pub first_epoch: Epoch,
     /// Where new epochs and ready shards are recorded (the replicated state).
     pub journal: Option<EpochJournal>,
+    /// The model version the group serves (until told another: [`GroupHandle::serve`]).
+    pub source: ModelSource,
+    /// Where each request's end (and time to first token) is counted, per version.
+    pub outcomes: Arc<Outcomes>,
 }
 
 /// The collective of a group, as the coordinator sets up each epoch's.
@@ -221,6 +228,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
         epoch: config.first_epoch,
         next_conn: 0,
         waiting: HashMap::new(),
+        started: HashMap::new(),
         held: vec![Vec::new(); config.tp],
         last_done: vec![StepId(0); config.tp],
         totals: vec![Totals::default(); config.tp],
@@ -247,6 +255,9 @@ struct Driver {
     epoch: Epoch,
     next_conn: u64,
     waiting: HashMap<SeqId, TokenSender>,
+    /// New requests (not resumed ones) until they end: when each was submitted, and its
+    /// time to first token once it has one. Counted in [`GroupConfig::outcomes`].
+    started: HashMap<SeqId, (Instant, Option<Duration>)>,
     /// Per rank: the sequences it reported held when it registered (until the next
     /// assignment or a fence).
     held: Vec<Vec<HeldSeq>>,
@@ -282,6 +293,7 @@ impl Driver {
                     Some(GroupCommand::Submit { id, request, generated, events, reply }) => {
                         self.submit(&id, request, generated, events, reply);
                     }
+                    Some(GroupCommand::Serve { source }) => self.switch(source),
                     None => {
                         self.release();
                         return;

@@ -11,10 +11,10 @@
 pub mod driver;
 pub mod scheduler;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tessera_comm::proto::WireError;
+use tessera_comm::proto::{ModelSource, WireError};
 use tessera_topology::Rank;
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,6 +43,10 @@ pub struct Shared {
     /// Out of routing: the replicated state's `GroupRecord::drained`, as the leader saw it
     /// last.
     drained: AtomicBool,
+    /// Out of routing while the leader moves it to another model version.
+    switching: AtomicBool,
+    /// The model version of the epoch served last (0 before the first).
+    version: AtomicU32,
     waiting: AtomicUsize,
     max_waiting: usize,
     status: Mutex<GroupStatus>,
@@ -62,6 +66,8 @@ pub enum GroupCommand {
         events: TokenSender,
         reply: oneshot::Sender<Result<(), WireError>>,
     },
+    /// Serve this model version from the next epoch on (ending the current one).
+    Serve { source: ModelSource },
 }
 
 /// Where a sequence's tokens go.
@@ -103,6 +109,30 @@ impl GroupHandle {
         self.shared.drained.store(drained, Ordering::Relaxed);
     }
 
+    /// True while the leader moves the group to another model version: routing sends
+    /// it no new request.
+    pub fn is_switching(&self) -> bool {
+        self.shared.switching.load(Ordering::Relaxed)
+    }
+
+    pub fn set_switching(&self, switching: bool) {
+        self.shared.switching.store(switching, Ordering::Relaxed);
+    }
+
+    /// The model version of the epoch it served last (0 before its first).
+    pub fn version(&self) -> u32 {
+        self.shared.version.load(Ordering::Relaxed)
+    }
+
+    /// Serves model version `source` from its next epoch on; the current epoch ends
+    /// (drain the group first: what still runs in it fails).
+    pub async fn serve(&self, source: ModelSource) -> Result<(), WireError> {
+        self.commands
+            .send(GroupCommand::Serve { source })
+            .await
+            .map_err(|_| self.stopped())
+    }
+
     /// Requests waiting for admission.
     pub fn waiting(&self) -> usize {
         self.shared.waiting.load(Ordering::Relaxed)
@@ -122,6 +152,7 @@ impl GroupHandle {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         status.drained = self.is_drained();
+        status.switching = self.is_switching();
         status
     }
 
@@ -153,7 +184,7 @@ impl GroupHandle {
             .await
             .map_err(|_| self.stopped())?;
         answer.await.map_err(|_| self.stopped())??;
-        Ok(stream)
+        Ok(TokenStream::new(stream).versioned(Some(self.version()).filter(|&v| v > 0)))
     }
 
     fn stopped(&self) -> WireError {

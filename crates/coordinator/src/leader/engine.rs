@@ -13,11 +13,11 @@ use super::journal::{self, Ending, Tail};
 use super::{JOURNAL_TIMEOUT, Leadership, MEMBERSHIP_TIMEOUT, now_ms};
 use crate::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ModelStatus, PeerChange,
-    Resumed, TokenStream,
+    Resumed, RolloutAction, TokenStream, VersionsStatus,
 };
 use crate::error::CoordinatorError;
 use crate::replication::peer::MembershipChange;
-use crate::replication::state::{Command, Journaled, Outcome};
+use crate::replication::state::{Command, Journaled, Outcome, Rollout};
 
 impl Engine for Leadership {
     fn generate(
@@ -61,8 +61,9 @@ impl Engine for Leadership {
             match cluster.generate(id, request).await {
                 Ok(inner) => {
                     let (client, stream) = mpsc::unbounded_channel();
+                    let version = inner.version;
                     tokio::spawn(journal::pump(inner, tail, journal, Some(client)));
-                    Ok(stream)
+                    Ok(TokenStream::new(stream).versioned(version))
                 }
                 Err(error) => {
                     // Refused by the group: it never started, so it ends here.
@@ -165,21 +166,31 @@ impl Engine for Leadership {
         })
     }
 
+    fn rollout(
+        &self,
+        model: String,
+        action: Option<RolloutAction>,
+    ) -> BoxFuture<'_, Result<VersionsStatus, WireError>> {
+        Box::pin(self.versions(model, action))
+    }
+
     fn status(&self) -> ClusterStatus {
         let groups = self
             .cluster()
             .map(|c| c.status().groups)
             .unwrap_or_default();
-        let models = self
-            .node
-            .summary()
-            .borrow()
-            .models
-            .iter()
-            .map(|(name, m)| ModelStatus {
-                name: name.clone(),
-                path: m.path.clone(),
-                groups: m.groups.clone(),
+        let summary = self.node.summary().borrow().clone();
+        let models = (summary.models.iter())
+            .map(|(name, m)| {
+                let rollout = summary.rollout(name).unwrap_or_else(|| Rollout::initial(m));
+                ModelStatus {
+                    name: name.clone(),
+                    path: m.path.clone(),
+                    groups: m.groups.clone(),
+                    stable: rollout.stable,
+                    canary: rollout.canary,
+                    events: rollout.events,
+                }
             })
             .collect();
         ClusterStatus {

@@ -183,7 +183,7 @@ pub(super) fn follow(mut tail: watch::Receiver<Tail>) -> TokenStream {
             }
         }
     });
-    stream
+    TokenStream::new(stream)
 }
 
 /// Records one request's tokens and end in the journal, in order, starting after the

@@ -26,9 +26,11 @@ use tessera_topology::PeerId;
 use crate::engine::GenerateRequest;
 
 pub mod journal;
+pub mod rollout;
 pub mod snapshot;
 
 pub use journal::JournalUsage;
+pub use rollout::{Rollout, RolloutCommand};
 
 /// A request's id: the `id` of its response object (`cmpl-…`, `chatcmpl-…`).
 pub type RequestId = String;
@@ -103,6 +105,8 @@ pub enum Command {
     Reopen { id: RequestId },
     /// `group` is drained (taken out of routing for maintenance), or serves again.
     Drain { group: String, drained: bool },
+    /// A model's versions change: a deploy, a promotion or a rollback ([`rollout`]).
+    Rollout(RolloutCommand),
 }
 
 /// What applying a command did. Anything but `Applied` left the state unchanged.
@@ -123,6 +127,11 @@ pub enum Outcome {
     },
     /// A reopen of a request that is open, or that finished with a reason.
     NotReopenable,
+    /// A rollout command that does not fit the model's versions (or names an unknown
+    /// model): a sentence saying what to change.
+    Refused {
+        reason: String,
+    },
 }
 
 /// A coordinator peer.
@@ -180,6 +189,9 @@ pub struct ClusterState {
     pub members: BTreeMap<PeerId, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
+    /// The versions of each model that was ever deployed to (a model absent here serves
+    /// its topology's files as version 1: [`Rollout::initial`]).
+    pub rollouts: BTreeMap<String, Rollout>,
     pub journal: BTreeMap<RequestId, Journaled>,
     /// What the journal holds, kept as it changes ([`ClusterState::journal_usage`]);
     /// recomputed from the journal on restore.
@@ -195,6 +207,21 @@ pub struct Summary {
     pub members: BTreeMap<PeerId, Member>,
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
+    pub rollouts: BTreeMap<String, Rollout>,
+}
+
+impl Summary {
+    /// The versions of `model` (version 1 only, when it was never deployed to); `None`
+    /// for a model not recorded.
+    pub fn rollout(&self, model: &str) -> Option<Rollout> {
+        let record = self.models.get(model)?;
+        Some(
+            self.rollouts
+                .get(model)
+                .cloned()
+                .unwrap_or_else(|| Rollout::initial(record)),
+        )
+    }
 }
 
 impl ClusterState {
@@ -204,6 +231,7 @@ impl ClusterState {
             members: self.members.clone(),
             groups: self.groups.clone(),
             models: self.models.clone(),
+            rollouts: self.rollouts.clone(),
         }
     }
 
@@ -338,6 +366,30 @@ impl ClusterState {
                 self.groups.entry(group.clone()).or_default().drained = *drained;
                 Outcome::Applied
             }
+            Command::Rollout(command) => self.rollout(command),
+        }
+    }
+
+    /// Applies a rollout command to its model's versions, all or nothing.
+    fn rollout(&mut self, command: &RolloutCommand) -> Outcome {
+        let name = command.model();
+        let Some(record) = self.models.get(name) else {
+            let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
+            return Outcome::Refused {
+                reason: format!(
+                    "model `{name}` is not served here: the models are {}",
+                    known.join(", ")
+                ),
+            };
+        };
+        let mut rollout =
+            (self.rollouts.get(name).cloned()).unwrap_or_else(|| Rollout::initial(record));
+        match rollout.apply(command, &record.groups) {
+            Ok(()) => {
+                self.rollouts.insert(name.to_string(), rollout);
+                Outcome::Applied
+            }
+            Err(refusal) => Outcome::Refused { reason: refusal.0 },
         }
     }
 

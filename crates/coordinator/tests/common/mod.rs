@@ -146,7 +146,7 @@ impl MockEngine {
                 }
                 Reply::Fail(error) => return Err(error),
             }
-            Ok(rx)
+            Ok(TokenStream::new(rx))
         })
     }
 
@@ -241,6 +241,8 @@ impl Engine for MockEngine {
                 tp: 1,
                 state: "serving",
                 drained: false,
+                switching: false,
+                version: 1,
                 epoch: Epoch(3),
                 running: 1,
                 waiting: 2,

@@ -5,6 +5,7 @@
 //! An NCCL group joins in steps of its own (`super::nccl`); it ends here too, in
 //! [`finish`], once its communicator exists.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,12 +14,14 @@ use tessera_comm::collective::connect::connect;
 use tessera_comm::collective::{CollectiveConfig, CollectiveStats};
 #[cfg(feature = "cuda")]
 use tessera_comm::nccl::NcclGroup;
-use tessera_comm::proto::{Assignment, Ready, ShardMsg, Term};
+use tessera_comm::proto::{Assignment, ModelSource, Ready, ShardMsg, Term};
+use tessera_model::ModelConfig;
 use tessera_model::llama::LoadProgress;
 use tessera_model::loader;
 use tessera_model::slice::{ModelSlice, SliceComm};
+use tessera_topology::plan_group;
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::WorkerConfig;
 use crate::error::ShardError;
@@ -86,16 +89,33 @@ pub(super) fn collective_config(assignment: &Assignment) -> CollectiveConfig {
     }
 }
 
-/// The slice, loaded on first use and kept for later epochs.
+/// The weights this rank holds: one model version's slice.
+pub(crate) struct Loaded {
+    pub(crate) source: ModelSource,
+    pub(crate) slice: Arc<ModelSlice>,
+    /// Fault injection: the planted file found in the model, which fails every step.
+    pub(crate) planted_fault: Option<String>,
+}
+
+/// The slice of the assignment's model version: the one held, or loaded now (this rank's
+/// plan follows from that version's config) and kept for later epochs.
 pub(super) fn load_once(
     config: &WorkerConfig,
-    model: &mut Option<Arc<ModelSlice>>,
+    model: &mut Option<Loaded>,
     assignment: &Assignment,
     events: &UnboundedSender<ShardMsg>,
 ) -> Result<Arc<ModelSlice>, ShardError> {
-    if let Some(m) = model {
-        return Ok(Arc::clone(m));
+    if let Some(m) = model.as_ref().filter(|m| m.source == assignment.model) {
+        return Ok(Arc::clone(&m.slice));
     }
+    let source = assignment.model.clone();
+    let path = Path::new(&source.path);
+    let shape = ModelConfig::from_path(path)?.shape();
+    let plans = plan_group(config.tp, &shape).map_err(|e| ShardError::Version {
+        version: source.version,
+        message: e.to_string(),
+    })?;
+    let plan = &plans[config.rank.0 as usize];
     let epoch = assignment.epoch;
     let started = Instant::now();
     let mut reported = Instant::now();
@@ -117,12 +137,7 @@ pub(super) fn load_once(
             });
         }
     };
-    let mut llama = loader::load_rank_with_progress(
-        &config.model_path,
-        &config.plan,
-        config.tp,
-        &mut on_layer,
-    )?;
+    let mut llama = loader::load_rank_with_progress(path, plan, config.tp, &mut on_layer)?;
     llama.hold_as(config.dtype)?;
     #[cfg(feature = "cuda")]
     let slice = match &config.device {
@@ -131,15 +146,32 @@ pub(super) fn load_once(
     };
     #[cfg(not(feature = "cuda"))]
     let slice = ModelSlice::cpu(llama);
-    let loaded = Arc::new(slice);
+    let slice = Arc::new(slice);
     info!(
         rank = %config.rank,
-        weight_bytes = loaded.weight_bytes(),
+        version = source.version,
+        weight_bytes = slice.weight_bytes(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "weights loaded"
     );
-    *model = Some(Arc::clone(&loaded));
-    Ok(loaded)
+    let planted_fault = planted(config.step_error_file.as_deref(), path);
+    if let Some(file) = &planted_fault {
+        warn!(%file, "fault injection: the model holds the planted file, so every step fails");
+    }
+    *model = Some(Loaded {
+        source,
+        slice: Arc::clone(&slice),
+        planted_fault,
+    });
+    Ok(slice)
+}
+
+/// The planted file's path when the model at `path` (its directory, or the directory of
+/// its file) holds a file named `name`.
+fn planted(name: Option<&str>, path: &Path) -> Option<String> {
+    let dir = if path.is_dir() { path } else { path.parent()? };
+    let file = dir.join(name?);
+    file.exists().then(|| file.display().to_string())
 }
 
 /// Sizes the KV cache and warms it up (or carries the last epoch's and the sequences the

@@ -12,7 +12,6 @@
 //! coordinator leader changed), the cache and the sequences an `Assign` names in `keep`
 //! carry into the new epoch.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvError, Sender};
 use std::time::{Duration, Instant};
@@ -28,11 +27,10 @@ use tessera_comm::proto::{
 };
 #[cfg(feature = "cuda")]
 use tessera_kernels::cuda::CudaDevice;
-use tessera_model::slice::ModelSlice;
-use tessera_topology::{ModelDtype, Rank, RankPlan};
+use tessera_topology::{ModelDtype, Rank};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
-use tracing::{debug, debug_span, warn};
+use tracing::{debug, debug_span, info, warn};
 
 use crate::error::ShardError;
 use crate::runner::StepRunner;
@@ -66,10 +64,9 @@ pub enum Command {
 pub struct WorkerConfig {
     pub rank: Rank,
     pub tp: usize,
-    pub model_path: PathBuf,
-    /// How the weights are held once loaded (the topology's `dtype`).
+    /// How the weights are held once loaded (the topology's `dtype`). Which weights, and
+    /// so this rank's slice of them, each assignment says ([`Assignment::model`]).
     pub dtype: ModelDtype,
-    pub plan: RankPlan,
     pub kv_memory_bytes: u64,
     /// The GPU this rank runs on (`None`: the CPU).
     #[cfg(feature = "cuda")]
@@ -79,6 +76,9 @@ pub struct WorkerConfig {
     pub device_sampling: bool,
     /// Fault injection for tests: sleep this long before every step (a slow shard).
     pub step_delay: Duration,
+    /// Fault injection for tests: every step fails while the model served holds a file of
+    /// this name (a model version planted to fail).
+    pub step_error_file: Option<String>,
 }
 
 /// Term fencing: a shard follows the newest coordinator leader it has heard from. An
@@ -142,8 +142,8 @@ struct Worker {
     /// Into the command channel: NCCL joins report there.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     joins: Sender<Command>,
-    /// Loaded by the first assignment, kept across epochs.
-    model: Option<Arc<ModelSlice>>,
+    /// Loaded by the first assignment, kept across epochs that serve the same version.
+    model: Option<assign::Loaded>,
     active: Option<Active>,
     /// An NCCL assignment not joined yet.
     #[cfg(feature = "cuda")]
@@ -177,8 +177,15 @@ impl Worker {
             return;
         }
         // The old epoch's collective goes first, and its cache unless sequences carry
-        // over: the memory is needed.
-        let carried = self.take_runner().filter(|_| !assignment.keep.is_empty());
+        // over: the memory is needed. Another model version drops both, and the weights.
+        let same_model = self
+            .model
+            .as_ref()
+            .is_some_and(|m| m.source == assignment.model);
+        if !same_model && self.model.take().is_some() {
+            info!(version = assignment.model.version, path = %assignment.model.path, "another model version: the weights held are dropped");
+        }
+        let carried = (self.take_runner()).filter(|_| same_model && !assignment.keep.is_empty());
         self.last_step_end = None;
         let epoch = assignment.epoch;
         let joined = self.take(assignment, carried);
@@ -261,7 +268,7 @@ impl Worker {
     /// Runs a plan of the current term and epoch and reports it, or the failure that
     /// ends this rank's epoch.
     fn step(&mut self, plan: StepPlan, waiting: Instant) {
-        let (Some(model), Some(current)) = (self.model.as_ref(), self.active.as_mut()) else {
+        let (Some(loaded), Some(current)) = (self.model.as_ref(), self.active.as_mut()) else {
             debug!(
                 epoch = %plan.epoch,
                 step = %plan.step,
@@ -295,8 +302,11 @@ impl Worker {
             decode = plan.decode.len()
         );
         let result = span.in_scope(|| {
+            if let Some(file) = &loaded.planted_fault {
+                return Err(ShardError::PlantedFault { file: file.clone() });
+            }
             let mut comm = current.comm.for_step();
-            current.runner.step(model, &plan, &mut comm)
+            current.runner.step(&loaded.slice, &plan, &mut comm)
         });
         let done = Instant::now();
         self.last_step_end = Some(done);

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use tessera_comm::GroupToken;
 use tessera_comm::proto::{
-    Assignment, Bootstrap, CoordinatorMsg, Epoch, HeldSeq, Ready, ShardMsg, StepId, Warmup,
+    Assignment, Bootstrap, CoordinatorMsg, Epoch, HeldSeq, ModelSource, Ready, SeqId, ShardMsg,
+    StepId, Warmup,
 };
 use tessera_comm::wire;
 use tessera_topology::Rank;
@@ -170,6 +171,7 @@ impl Driver {
             collective_deadline_ms: self.config.limits.collective_deadline.as_millis() as u64,
             keep: keep.iter().map(|h| h.seq).collect(),
             warmup: self.warmup(),
+            model: self.config.source.clone(),
         };
         info!(group = %self.config.name, %epoch, keep = keep.len(), "assigning");
         self.state = State::Assigning {
@@ -227,6 +229,9 @@ impl Driver {
         self.state = State::Serving { epoch };
         self.shared.ready.store(true, Ordering::Relaxed);
         self.shared.warmed.store(true, Ordering::Relaxed);
+        let version = self.config.source.version;
+        self.shared.version.store(version, Ordering::Relaxed);
+        self.status.version = version;
         info!(group = %self.config.name, %epoch, kv_blocks, "group serving");
         for a in adopted {
             self.run_on(a);
@@ -235,14 +240,7 @@ impl Driver {
 
     /// Ends the current epoch, failing its sequences with `reason` (which names the rank).
     pub(super) fn fence(&mut self, rank: Rank, reason: String) {
-        self.shared.ready.store(false, Ordering::Relaxed);
-        if matches!(self.state, State::Serving { .. }) {
-            self.down_since = Instant::now();
-        }
-        self.state = State::Down;
-        // What ranks held is stale once their sequences are failed here.
-        self.held = vec![Vec::new(); self.config.tp];
-        let lost = self.sched.fence();
+        let lost = self.end_epoch();
         metrics::counter!(m::GROUP_FENCES, "group" => self.config.name.clone()).increment(1);
         warn!(group = %self.config.name, rank = %rank, epoch = %self.epoch, lost = lost.len(), reason, "group fenced");
         for seq in lost {
@@ -253,6 +251,42 @@ impl Driver {
             };
             self.fail(seq, error);
         }
+    }
+
+    /// Serves model version `source` from the next epoch on: the current one ends now
+    /// (the leader drains the group first, so normally nothing runs in it), and the
+    /// next assignment names the new version. Not a fence: nothing failed.
+    pub(super) fn switch(&mut self, source: ModelSource) {
+        if source == self.config.source {
+            return;
+        }
+        // Sequences failed here count against the version they ran on.
+        info!(group = %self.config.name, from = self.config.source.version, to = source.version, path = %source.path, "switching model version");
+        if !matches!(self.state, State::Down) {
+            let reason = format!("the group switched to model version {}", source.version);
+            for seq in self.end_epoch() {
+                let error = CoordinatorError::Fenced {
+                    group: self.config.name.clone(),
+                    rank: Rank(0),
+                    reason: reason.clone(),
+                };
+                self.fail(seq, error);
+            }
+        }
+        self.config.source = source;
+    }
+
+    /// Ends the current epoch: the group is down until the next assignment serves. The
+    /// sequences it ran, to be failed.
+    fn end_epoch(&mut self) -> Vec<SeqId> {
+        self.shared.ready.store(false, Ordering::Relaxed);
+        if matches!(self.state, State::Serving { .. }) {
+            self.down_since = Instant::now();
+        }
+        self.state = State::Down;
+        // What ranks held is stale once their sequences are failed here.
+        self.held = vec![Vec::new(); self.config.tp];
+        self.sched.fence()
     }
 
     pub(super) fn current_epoch(&self) -> Option<Epoch> {

@@ -28,12 +28,16 @@ impl Driver {
         reply: oneshot::Sender<Result<(), WireError>>,
     ) {
         let seq = SeqId(self.seq_ids.fetch_add(1, Ordering::Relaxed));
+        let fresh = generated.is_empty();
         match self
             .sched
             .submit(seq, id, request, generated, Instant::now())
         {
             Ok(Admitted::Queued) => {
                 self.waiting.insert(seq, events);
+                if fresh {
+                    self.started.insert(seq, (Instant::now(), None));
+                }
                 let _ = reply.send(Ok(()));
             }
             Ok(Admitted::Carried(adopted)) => {
@@ -133,11 +137,16 @@ impl Driver {
                 logprobs: token.logprobs,
                 finish,
             };
+            if let Some((at, first @ None)) = self.started.get_mut(&seq) {
+                *first = Some(now.duration_since(*at));
+            }
             if events.send(Ok(event)).is_err() {
                 self.waiting.remove(&seq);
+                self.started.remove(&seq);
                 self.sched.cancel(seq);
             } else if finish.is_some() {
                 self.waiting.remove(&seq);
+                self.count_end(seq, false);
             }
         }
     }
@@ -172,6 +181,15 @@ impl Driver {
         if let Some(events) = self.waiting.remove(&seq) {
             let _ = events.send(Err(error.into()));
         }
+        self.count_end(seq, true);
+    }
+
+    /// Counts a new request's end against the version this group serves.
+    fn count_end(&mut self, seq: SeqId, failed: bool) {
+        if let Some((_, ttft)) = self.started.remove(&seq) {
+            let version = self.config.source.version;
+            (self.config.outcomes).record(&self.config.model, version, failed, ttft);
+        }
     }
 
     /// Cancels the sequences whose client went away.
@@ -186,6 +204,9 @@ impl Driver {
             self.waiting.remove(&seq);
             self.sched.cancel(seq);
         }
+        // A request whose stream is gone is not counted: it ended without an outcome.
+        let waiting = &self.waiting;
+        self.started.retain(|seq, _| waiting.contains_key(seq));
     }
 
     /// Fails the requests that waited too long for the group to serve; while it serves,

@@ -11,6 +11,7 @@
 //! |---|---|
 //! | 1 | the state, no header |
 //! | 2 | the header; [`GroupRecord::drained`] |
+//! | 3 | [`ClusterState::rollouts`] |
 //!
 //! A version newer than [`VERSION`] is refused with a message saying to upgrade.
 
@@ -27,7 +28,7 @@ use super::{ModelRecord, RequestId, ShardRecord};
 const MAGIC: [u8; 4] = [0xff, b'T', b'S', b'S'];
 
 /// The version [`encode`] writes.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 const HEADER_BYTES: usize = MAGIC.len() + 1;
 
@@ -45,6 +46,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ClusterState, CommError> {
     let mut state: ClusterState = match bytes.strip_prefix(&MAGIC) {
         None => wire::decode_large::<v1::ClusterState>(bytes, limit)?.into(),
         Some([VERSION, body @ ..]) => wire::decode_large(body, limit)?,
+        Some([2, body @ ..]) => wire::decode_large::<v2::ClusterState>(body, limit)?.into(),
         Some([version, ..]) => {
             return Err(CommError::Decode {
                 message: format!(
@@ -61,6 +63,34 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ClusterState, CommError> {
     };
     state.usage = JournalUsage::of(&state.journal);
     Ok(state)
+}
+
+/// The state as version 2 wrote it: no rollouts.
+mod v2 {
+    use super::*;
+
+    #[derive(Debug, Default, Serialize, Deserialize)]
+    pub struct ClusterState {
+        pub applied: u64,
+        pub members: BTreeMap<PeerId, Member>,
+        pub groups: BTreeMap<String, GroupRecord>,
+        pub models: BTreeMap<String, ModelRecord>,
+        pub journal: BTreeMap<RequestId, Journaled>,
+    }
+}
+
+impl From<v2::ClusterState> for ClusterState {
+    fn from(old: v2::ClusterState) -> ClusterState {
+        ClusterState {
+            applied: old.applied,
+            members: old.members,
+            groups: old.groups,
+            models: old.models,
+            rollouts: BTreeMap::new(),
+            journal: old.journal,
+            usage: JournalUsage::default(),
+        }
+    }
 }
 
 /// The state as version 1 wrote it.
@@ -93,14 +123,14 @@ impl From<v1::ClusterState> for ClusterState {
             };
             (name, group)
         });
-        ClusterState {
+        v2::ClusterState {
             applied: old.applied,
             members: old.members,
             groups: groups.collect(),
             models: old.models,
             journal: old.journal,
-            usage: JournalUsage::default(),
         }
+        .into()
     }
 }
 
@@ -167,9 +197,9 @@ mod tests {
         assert_eq!(state.groups["g"].shards[&0].pid, 99);
         assert!(!state.groups["g"].drained);
         assert_eq!(state.models["m"].groups, ["g"]);
-        // Written again, it is a version 2 snapshot of the same state.
+        // Written again, it is a snapshot of today's version of the same state.
         let again = encode(&state).unwrap();
-        assert_eq!(&again[..HEADER_BYTES], &[0xff, b'T', b'S', b'S', 2]);
+        assert_eq!(&again[..HEADER_BYTES], &[0xff, b'T', b'S', b'S', VERSION]);
         assert_eq!(decode(&again).unwrap(), state);
     }
 
@@ -183,12 +213,41 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_snapshot_restores_without_rollouts_and_rollouts_survive_a_snapshot() {
+        let old: ClusterState = sample_v1().into();
+        let v2 = v2::ClusterState {
+            applied: old.applied,
+            members: old.members.clone(),
+            groups: old.groups.clone(),
+            models: old.models.clone(),
+            journal: old.journal.clone(),
+        };
+        let mut bytes = MAGIC.to_vec();
+        bytes.push(2);
+        bytes.extend(wire::encode_large(&v2, MAX_SNAPSHOT_BYTES).unwrap());
+        let mut state = decode(&bytes).expect("a version 2 snapshot restores");
+        assert_eq!(state, old);
+        assert!(state.rollouts.is_empty());
+        let deploy = super::super::RolloutCommand::Deploy {
+            model: "m".into(),
+            path: "/m2".into(),
+            canary: None,
+            at_ms: 1,
+        };
+        let outcome = state.apply(42, &super::super::Command::Rollout(deploy));
+        assert_eq!(outcome, super::super::Outcome::Applied);
+        let restored = decode(&encode(&state).unwrap()).unwrap();
+        assert_eq!(restored.rollouts["m"].stable, 2);
+        assert_eq!(restored, state);
+    }
+
+    #[test]
     fn a_newer_version_or_a_bare_header_is_refused_with_what_to_do() {
         let mut bytes = encode(&ClusterState::default()).unwrap();
         bytes[MAGIC.len()] = VERSION + 1;
         let error = decode(&bytes).unwrap_err().to_string();
         assert!(
-            error.contains("version 3") && error.contains("upgrade"),
+            error.contains(&format!("version {}", VERSION + 1)) && error.contains("upgrade"),
             "{error}"
         );
         assert!(decode(&MAGIC).is_err());
