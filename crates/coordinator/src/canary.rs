@@ -112,7 +112,12 @@ pub struct CanaryArgs {
     #[arg(long, value_name = "RATIO", default_value_t = 1.5)]
     pub canary_max_ttft_ratio: f64,
     /// Requests a version needs in the window before it is judged.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(
+        long,
+        value_name = "N",
+        env = "TESSERA_CANARY_MIN_REQUESTS",
+        default_value_t = 20
+    )]
     pub canary_min_requests: usize,
 }
 

@@ -147,6 +147,9 @@ impl Leadership {
                     && let Some(group) = cluster.group(&name)
                 {
                     sent.insert(name, source.clone());
+                    // Out of routing before this loop goes on (a rolled-back canary
+                    // takes no request from now on).
+                    group.set_switching(true);
                     let group = group.clone();
                     moving = Some(tokio::spawn(switch_group(group, source, ready_wait)));
                 }
@@ -275,12 +278,12 @@ fn checked_path(path: &str, rollout: &Rollout) -> Result<String, CoordinatorErro
     Ok(absolute.display().to_string())
 }
 
-/// Moves `group` to model version `source`: out of routing, its requests finish (for up
-/// to [`SWITCH_DRAIN`]), a new epoch serves the version, back into routing.
+/// Moves `group` (taken out of routing by the caller) to model version `source`: its
+/// requests finish (for up to [`SWITCH_DRAIN`]), a new epoch serves the version, and it
+/// is back in routing.
 async fn switch_group(group: GroupHandle, source: ModelSource, ready_wait: Duration) {
     let version = source.version;
     info!(group = %group.name, version, "moving the group to another model version: draining it");
-    group.set_switching(true);
     let idle = |g: &GroupHandle| {
         let s = g.status();
         s.running == 0 && s.waiting == 0
