@@ -15,7 +15,9 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use std::io::Write as _;
+
+use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use crate::cluster_cmd::AdminTarget;
@@ -97,7 +99,9 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<ExitCode> {
     let (name, status, wait) = match &args.command {
         ModelCommand::Status { name } => {
             let status = client.get_json(&path(name, ""))?;
-            print!("{}", describe(&status));
+            std::io::stdout()
+                .write_all(describe(&status).as_bytes())
+                .context("writing to stdout")?;
             return Ok(ExitCode::SUCCESS);
         }
         ModelCommand::Deploy {

@@ -106,10 +106,20 @@ pub struct CanaryArgs {
     )]
     pub canary_window: u64,
     /// A canary whose error rate over the window passes this percent is rolled back.
-    #[arg(long, value_name = "PERCENT", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        env = "TESSERA_CANARY_MAX_ERROR_PERCENT",
+        default_value_t = 1.0
+    )]
     pub canary_max_error_percent: f64,
     /// A canary whose TTFT p99 passes this multiple of the stable version's is rolled back.
-    #[arg(long, value_name = "RATIO", default_value_t = 1.5)]
+    #[arg(
+        long,
+        value_name = "RATIO",
+        env = "TESSERA_CANARY_MAX_TTFT_RATIO",
+        default_value_t = 1.5
+    )]
     pub canary_max_ttft_ratio: f64,
     /// Requests a version needs in the window before it is judged.
     #[arg(
@@ -130,7 +140,7 @@ impl CanaryArgs {
         if !(0.0..=100.0).contains(&self.canary_max_error_percent) {
             return Err("--canary-max-error-percent must be 0 to 100".into());
         }
-        if !(self.canary_max_ttft_ratio >= 1.0) {
+        if self.canary_max_ttft_ratio.is_nan() || self.canary_max_ttft_ratio < 1.0 {
             return Err("--canary-max-ttft-ratio must be at least 1".into());
         }
         Ok(Thresholds {

@@ -1,7 +1,7 @@
 //! The coordinator's Prometheus metrics: names (constants, `tessera_<area>_<name>_<unit>`),
 //! the recorder that `GET /metrics` renders (histograms with buckets, so that peers'
 //! series add up), and the tasks that export the process's and the Raft peer's state.
-//! Labels are group and rank names, routes and status codes only. `docs/metrics.md` lists
+//! Labels are group, rank and model names, routes and status codes only. `docs/metrics.md` lists
 //! them, with the vLLM metric each matches.
 
 use std::time::Duration;
