@@ -12,6 +12,7 @@
 //! coordinator leader changed), the cache and the sequences an `Assign` names in `keep`
 //! carry into the new epoch.
 
+#[cfg(feature = "cuda")]
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvError, Sender};
 use std::time::{Duration, Instant};
