@@ -100,16 +100,8 @@ impl Cluster {
                     scheduler: SchedulerConfig::default(),
                     first_epoch: Epoch(epochs.get(&g.name).copied().unwrap_or(0)),
                     journal: journal.clone(),
-                    source: sources
-                        .get(&g.name)
-                        .cloned()
-                        .unwrap_or_else(|| ModelSource {
-                            version: 1,
-                            path: topology
-                                .model(&g.model)
-                                .map(|m| m.path.display().to_string())
-                                .unwrap_or_default(),
-                        }),
+                    source: (sources.get(&g.name).cloned())
+                        .unwrap_or_else(|| first_version(topology, &g.model)),
                     outcomes: Arc::clone(&outcomes),
                 };
                 (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))
@@ -350,6 +342,15 @@ impl Engine for Cluster {
             let serving = g.is_ready() && !g.is_drained() && !g.is_switching();
             (g.has_warmed(), serving)
         }))
+    }
+}
+
+/// Version 1 of `model`: its files as `topology` names them.
+pub fn first_version(topology: &Topology, model: &str) -> ModelSource {
+    let path = topology.model(model).map(|m| m.path.display().to_string());
+    ModelSource {
+        version: 1,
+        path: path.unwrap_or_default(),
     }
 }
 

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use super::{JOURNAL_TIMEOUT, Leadership, now_ms};
 use crate::canary::{self, Thresholds};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, first_version};
 use crate::engine::{GroupVersion, RolloutAction, VersionsStatus};
 use crate::error::CoordinatorError;
 use crate::group::GroupHandle;
@@ -36,19 +36,24 @@ const SWITCH_DRAIN: Duration = Duration::from_secs(30);
 /// How often canaries are judged and groups checked, besides every committed change.
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
-/// The version each group of `topology` serves, as `summary` says; groups of models not
-/// recorded yet are left out (they serve their topology's files, version 1).
+/// The version each group of `topology` serves, as `summary` says; a group of a model
+/// not recorded yet serves its topology's files as version 1 (what the leader records
+/// as that model's version 1 then: no group moves when it is recorded).
 pub(super) fn targets(summary: &Summary, topology: &Topology) -> BTreeMap<String, ModelSource> {
     let mut targets = BTreeMap::new();
     for group in &topology.groups {
-        let Some(rollout) = summary.rollout(&group.model) else {
-            continue;
+        let source = match summary.rollout(&group.model) {
+            Some(rollout) => {
+                let version = rollout.version_for(&group.name);
+                let Some(v) = rollout.version(version) else {
+                    continue;
+                };
+                let path = v.path.clone();
+                ModelSource { version, path }
+            }
+            None => first_version(topology, &group.model),
         };
-        let version = rollout.version_for(&group.name);
-        if let Some(v) = rollout.version(version) {
-            let path = v.path.clone();
-            targets.insert(group.name.clone(), ModelSource { version, path });
-        }
+        targets.insert(group.name.clone(), source);
     }
     targets
 }

@@ -109,7 +109,10 @@ pub(super) fn load_once(
         return Ok(Arc::clone(&m.slice));
     }
     let source = assignment.model.clone();
-    let path = Path::new(&source.path);
+    let path = match source.version {
+        1 => config.first_version.as_path(),
+        _ => Path::new(&source.path),
+    };
     let shape = ModelConfig::from_path(path)?.shape();
     let plans = plan_group(config.tp, &shape).map_err(|e| ShardError::Version {
         version: source.version,

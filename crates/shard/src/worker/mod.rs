@@ -12,6 +12,7 @@
 //! coordinator leader changed), the cache and the sequences an `Assign` names in `keep`
 //! carry into the new epoch.
 
+use std::path::PathBuf;
 #[cfg(feature = "cuda")]
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvError, Sender};
@@ -68,6 +69,10 @@ pub struct WorkerConfig {
     /// How the weights are held once loaded (the topology's `dtype`). Which weights, and
     /// so this rank's slice of them, each assignment says ([`Assignment::model`]).
     pub dtype: ModelDtype,
+    /// Version 1 of the model: its files as this host's topology names them (a relative
+    /// path resolves against this host's topology file, not the coordinator's). Later
+    /// versions are loaded from the path their deploy gave.
+    pub first_version: PathBuf,
     pub kv_memory_bytes: u64,
     /// The GPU this rank runs on (`None`: the CPU).
     #[cfg(feature = "cuda")]
