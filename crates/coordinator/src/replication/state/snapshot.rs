@@ -65,18 +65,19 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ClusterState, CommError> {
     Ok(state)
 }
 
-/// The state as version 2 wrote it: no rollouts.
-mod v2 {
-    use super::*;
+/// The state before version 3, with the group record of its version: no rollouts.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Before3<G> {
+    applied: u64,
+    members: BTreeMap<PeerId, Member>,
+    groups: BTreeMap<String, G>,
+    models: BTreeMap<String, ModelRecord>,
+    journal: BTreeMap<RequestId, Journaled>,
+}
 
-    #[derive(Debug, Default, Serialize, Deserialize)]
-    pub struct ClusterState {
-        pub applied: u64,
-        pub members: BTreeMap<PeerId, Member>,
-        pub groups: BTreeMap<String, GroupRecord>,
-        pub models: BTreeMap<String, ModelRecord>,
-        pub journal: BTreeMap<RequestId, Journaled>,
-    }
+/// The state as version 2 wrote it.
+mod v2 {
+    pub type ClusterState = super::Before3<super::GroupRecord>;
 }
 
 impl From<v2::ClusterState> for ClusterState {
@@ -93,18 +94,11 @@ impl From<v2::ClusterState> for ClusterState {
     }
 }
 
-/// The state as version 1 wrote it.
+/// The state as version 1 wrote it: groups without `drained`.
 mod v1 {
     use super::*;
 
-    #[derive(Debug, Default, Serialize, Deserialize)]
-    pub struct ClusterState {
-        pub applied: u64,
-        pub members: BTreeMap<PeerId, Member>,
-        pub groups: BTreeMap<String, GroupRecord>,
-        pub models: BTreeMap<String, ModelRecord>,
-        pub journal: BTreeMap<RequestId, Journaled>,
-    }
+    pub type ClusterState = Before3<GroupRecord>;
 
     #[derive(Debug, Default, Serialize, Deserialize)]
     pub struct GroupRecord {
