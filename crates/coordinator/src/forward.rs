@@ -37,6 +37,7 @@ fn leader_only(path: &str, query: Option<&str>) -> bool {
             path.starts_with("/v1/streams/")
                 || path.starts_with("/v1/cluster/peers")
                 || path.starts_with("/v1/cluster/groups/")
+                || path.starts_with("/v1/cluster/models/")
         }
     }
 }
@@ -116,6 +117,8 @@ mod tests {
             "/v1/cluster/peers",
             "/v1/cluster/peers/4",
             "/v1/cluster/groups/g/drain",
+            "/v1/cluster/models/m",
+            "/v1/cluster/models/m/deploy",
         ] {
             assert!(leader_only(path, None), "{path}");
         }

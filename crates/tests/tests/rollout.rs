@@ -8,14 +8,19 @@
 //!   `TESSERA_FAULT_STEP_ERROR_FILE` names) is rolled back automatically once its error
 //!   rate passes 1% over the window: requests fail only before the rollback, and every
 //!   one after it succeeds on version 1.
+//! - The versions are replicated: with three peers, the leader killed while a canary runs,
+//!   the new leader keeps the canary (its group still on version 2, the split the same)
+//!   and can promote it.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use tessera_tests::failover::wait_for_leader;
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, free_port, get, metric, post,
-    topology_text, wait_ready,
+    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, free_port, get,
+    local_peer_addrs, metric, peers_topology_text, post, topology_text, wait_ready,
 };
 
 const PLANTED: &str = "TESSERA_PLANTED_FAULT";
@@ -297,4 +302,70 @@ fn a_canary_planted_to_fail_is_rolled_back_automatically() {
         events.to_string().contains("automatic"),
         "the status page shows it: {events}"
     );
+}
+
+#[test]
+fn a_new_leader_keeps_the_canary_and_promotes_it() {
+    let path = fixture("llama-gqa/f32");
+    let groups = [
+        GroupSpec::local("a", "m", &path, 1),
+        GroupSpec::local("b", "m", &path, 1),
+    ];
+    let addrs = local_peer_addrs(3);
+    let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], &groups);
+    let mut cluster = Cluster::prepare(&text, &addrs[0].2).expect("prepared");
+    // No automatic verdict: this test is about replication.
+    let env = [("TESSERA_CANARY_MIN_REQUESTS", "1000000")];
+    for id in 1..=3 {
+        let coordinator = bin("tessera-coordinator");
+        cluster
+            .start_coordinator_peer_with(id, &coordinator, &env)
+            .expect("peer starts");
+    }
+    for g in ["a", "b"] {
+        cluster.start_shard(g, 0).expect("shard starts");
+    }
+    let urls: Vec<String> = addrs
+        .iter()
+        .map(|(_, _, h)| format!("http://{h}"))
+        .collect();
+    let all: Vec<&str> = urls.iter().map(String::as_str).collect();
+    wait_ready(all[0], Duration::from_secs(60), || cluster.logs());
+    let v2 = fixture("llama-gqa/bf16");
+    let v2 = v2.to_str().unwrap();
+    let (ok, said) = tessera_model(
+        all[1],
+        &[
+            "deploy", "m", "--path", v2, "--canary", "50", "--groups", "b",
+        ],
+    );
+    assert!(ok, "deploy: {said}\n{}", cluster.logs());
+
+    let leader = wait_for_leader(&all, None, Duration::from_secs(10));
+    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
+    let others: Vec<&str> = (1..=3)
+        .filter(|&p| p != leader as usize)
+        .map(|p| all[p - 1])
+        .collect();
+    wait_for_leader(&others, Some(leader), Duration::from_secs(15));
+    let url = others[0];
+    wait_ready(url, Duration::from_secs(60), || cluster.logs());
+    let status = versions(url);
+    assert_eq!(
+        status["canary"]["version"], 2,
+        "the canary survives: {status}"
+    );
+    let b = status["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "b")
+        .cloned();
+    assert_eq!(b.map(|g| g["version"].clone()), Some(json!(2)), "{status}");
+    let split = served(url, 40);
+    assert_eq!(split, [0, 20, 20], "the new leader splits 50/50");
+
+    let (ok, said) = tessera_model(url, &["promote", "m"]);
+    assert!(ok, "promote on the new leader: {said}\n{}", cluster.logs());
+    assert_eq!(served(url, 10), [0, 0, 10]);
 }
