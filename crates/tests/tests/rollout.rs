@@ -333,15 +333,17 @@ fn a_new_leader_keeps_the_canary_and_promotes_it() {
     wait_ready(all[0], Duration::from_secs(60), || cluster.logs());
     let v2 = fixture("llama-gqa/bf16");
     let v2 = v2.to_str().unwrap();
+    // Through a follower, which forwards it to the leader.
+    let leader = wait_for_leader(&all, None, Duration::from_secs(10));
+    let follower = all[if leader == 1 { 1 } else { 0 }];
     let (ok, said) = tessera_model(
-        all[1],
+        follower,
         &[
             "deploy", "m", "--path", v2, "--canary", "50", "--groups", "b",
         ],
     );
     assert!(ok, "deploy: {said}\n{}", cluster.logs());
 
-    let leader = wait_for_leader(&all, None, Duration::from_secs(10));
     cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
     let others: Vec<&str> = (1..=3)
         .filter(|&p| p != leader as usize)
