@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde_json::json;
 
 use crate::{Cluster, GroupSpec, fixture, leader_seen_by, post, token_ids};
@@ -27,6 +28,18 @@ pub fn wait_for_leader(urls: &[&str], not: Option<u64>, timeout: Duration) -> u6
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Kills `leader` (of the peers at `urls`, peer N at `urls[N - 1]`) with SIGKILL and
+/// waits until the others agree on a new one: their URLs.
+pub fn kill_leader<'a>(cluster: &mut Cluster, urls: &[&'a str], leader: u64) -> Vec<&'a str> {
+    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
+    let others: Vec<&str> = (1..=urls.len())
+        .filter(|&p| p != leader as usize)
+        .map(|p| urls[p - 1])
+        .collect();
+    wait_for_leader(&others, Some(leader), Duration::from_secs(15));
+    others
 }
 
 pub fn greedy(url: &str, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u32>> {

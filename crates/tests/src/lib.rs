@@ -335,11 +335,26 @@ impl Cluster {
         groups: &[GroupSpec],
         shard_env: &[(&str, &str)],
     ) -> anyhow::Result<(Cluster, Vec<String>)> {
+        Cluster::start_local_peers_with(peers, groups, shard_env, &[])
+    }
+
+    /// [`Cluster::start_local_peers`], with extra environment for every coordinator peer
+    /// too (its flags' `TESSERA_*` variables).
+    pub fn start_local_peers_with(
+        peers: usize,
+        groups: &[GroupSpec],
+        shard_env: &[(&str, &str)],
+        coordinator_env: &[(&str, &str)],
+    ) -> anyhow::Result<(Cluster, Vec<String>)> {
         let addrs = local_peer_addrs(peers);
         let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], groups);
         let mut cluster = Cluster::prepare(&text, &addrs[0].2)?;
         for id in 1..=peers {
-            cluster.start_coordinator_peer(id)?;
+            cluster.start_coordinator_peer_with(
+                id,
+                &bin("tessera-coordinator"),
+                coordinator_env,
+            )?;
         }
         for g in groups {
             for rank in 0..g.tp {

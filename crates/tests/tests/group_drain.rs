@@ -10,9 +10,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use tessera_tests::failover::wait_for_leader;
+use tessera_tests::failover::{kill_leader, wait_for_leader};
 use tessera_tests::{Cluster, GroupSpec, TEST_ADMIN_KEY, bin, fixture, get, post, sse, wait_ready};
 
 const TOKENS: usize = 24;
@@ -117,12 +116,7 @@ fn a_drained_group_finishes_its_streams_then_takes_nothing_even_after_a_failover
     assert_eq!(reason.as_deref(), Some("length"));
     assert!(!on_a, "a drained group ran a new request");
     let leader = wait_for_leader(&all, None, Duration::from_secs(10));
-    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
-    let others: Vec<&str> = (1..=3)
-        .filter(|&p| p != leader as usize)
-        .map(|p| all[p - 1])
-        .collect();
-    wait_for_leader(&others, Some(leader), Duration::from_secs(15));
+    let others = kill_leader(&mut cluster, &all, leader);
     let url = others[0];
     wait_ready(url, Duration::from_secs(60), || cluster.logs());
     assert_eq!(

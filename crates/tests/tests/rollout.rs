@@ -15,39 +15,31 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use tessera_tests::failover::wait_for_leader;
+use tessera_tests::failover::{kill_leader, wait_for_leader};
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, free_port, get,
-    local_peer_addrs, metric, peers_topology_text, post, topology_text, wait_ready,
+    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, get, metric, post, wait_ready,
 };
 
 const PLANTED: &str = "TESSERA_PLANTED_FAULT";
 
-/// A one-host cluster of groups `a` and `b`, with `coordinator_env` for the coordinator
-/// and `shard_env` for every shard.
-fn start(coordinator_env: &[(&str, &str)], shard_env: &[(&str, &str)]) -> Cluster {
+/// A one-host cluster of `peers` coordinator peers (with `coordinator_env`) and groups
+/// `a` and `b` (with `shard_env`), ready; the peers' URLs.
+fn start(
+    peers: usize,
+    coordinator_env: &[(&str, &str)],
+    shard_env: &[(&str, &str)],
+) -> (Cluster, Vec<String>) {
     let path = fixture("llama-gqa/f32");
     let groups = [
         GroupSpec::local("a", "m", &path, 1),
         GroupSpec::local("b", "m", &path, 1),
     ];
-    let quic = format!("127.0.0.1:{}", free_port());
-    let http = format!("127.0.0.1:{}", free_port());
-    let text = topology_text("local", &quic, &http, &[("local", "127.0.0.1")], &groups);
-    let mut cluster = Cluster::prepare(&text, &http).expect("prepared");
-    let coordinator = bin("tessera-coordinator");
-    cluster
-        .start_coordinator_peer_with(1, &coordinator, coordinator_env)
-        .expect("coordinator starts");
-    for g in ["a", "b"] {
-        cluster
-            .start_shard_with(g, 0, shard_env)
-            .expect("shard starts");
-    }
-    wait_ready(&cluster.http, Duration::from_secs(60), || cluster.logs());
-    cluster
+    let (cluster, urls) =
+        Cluster::start_local_peers_with(peers, &groups, shard_env, coordinator_env)
+            .expect("cluster starts");
+    wait_ready(&urls[0], Duration::from_secs(60), || cluster.logs());
+    (cluster, urls)
 }
 
 /// One greedy completion: its status and the version its header names.
@@ -114,8 +106,8 @@ fn served(url: &str, n: usize) -> [usize; 3] {
 fn a_canary_gets_its_share_then_promote_and_rollback_move_every_group() {
     // No automatic verdict here: on these tiny models the bf16 version's TTFT p99 can
     // pass 1.5× the f32 one's, and that rollback is the other test's subject.
-    let cluster = start(&[("TESSERA_CANARY_MIN_REQUESTS", "1000000")], &[]);
-    let url = cluster.http.clone();
+    let (cluster, urls) = start(1, &[("TESSERA_CANARY_MIN_REQUESTS", "1000000")], &[]);
+    let url = urls[0].clone();
     let v2 = fixture("llama-gqa/bf16");
     let v2 = v2.to_str().unwrap();
     assert_eq!(served(&url, 4), [0, 4, 0], "version 1 serves at first");
@@ -224,14 +216,13 @@ fn a_canary_planted_to_fail_is_rolled_back_automatically() {
         std::fs::copy(entry.path(), v2.join(entry.file_name())).unwrap();
     }
     std::fs::write(v2.join(PLANTED), "every step of this version fails\n").unwrap();
-    let cluster = start(
-        &[
-            ("TESSERA_CANARY_WINDOW", "30"),
-            ("TESSERA_CANARY_MIN_REQUESTS", "5"),
-        ],
-        &[("TESSERA_FAULT_STEP_ERROR_FILE", PLANTED)],
-    );
-    let url = cluster.http.clone();
+    let coordinator_env = [
+        ("TESSERA_CANARY_WINDOW", "30"),
+        ("TESSERA_CANARY_MIN_REQUESTS", "5"),
+    ];
+    let shard_env = [("TESSERA_FAULT_STEP_ERROR_FILE", PLANTED)];
+    let (cluster, urls) = start(1, &coordinator_env, &shard_env);
+    let url = urls[0].clone();
     let v2 = v2.to_str().unwrap();
     let (ok, said) = tessera_model(
         &url,
@@ -306,31 +297,10 @@ fn a_canary_planted_to_fail_is_rolled_back_automatically() {
 
 #[test]
 fn a_new_leader_keeps_the_canary_and_promotes_it() {
-    let path = fixture("llama-gqa/f32");
-    let groups = [
-        GroupSpec::local("a", "m", &path, 1),
-        GroupSpec::local("b", "m", &path, 1),
-    ];
-    let addrs = local_peer_addrs(3);
-    let text = peers_topology_text(&addrs, &[("local", "127.0.0.1")], &groups);
-    let mut cluster = Cluster::prepare(&text, &addrs[0].2).expect("prepared");
     // No automatic verdict: this test is about replication.
     let env = [("TESSERA_CANARY_MIN_REQUESTS", "1000000")];
-    for id in 1..=3 {
-        let coordinator = bin("tessera-coordinator");
-        cluster
-            .start_coordinator_peer_with(id, &coordinator, &env)
-            .expect("peer starts");
-    }
-    for g in ["a", "b"] {
-        cluster.start_shard(g, 0).expect("shard starts");
-    }
-    let urls: Vec<String> = addrs
-        .iter()
-        .map(|(_, _, h)| format!("http://{h}"))
-        .collect();
+    let (mut cluster, urls) = start(3, &env, &[]);
     let all: Vec<&str> = urls.iter().map(String::as_str).collect();
-    wait_ready(all[0], Duration::from_secs(60), || cluster.logs());
     let v2 = fixture("llama-gqa/bf16");
     let v2 = v2.to_str().unwrap();
     // Through a follower, which forwards it to the leader.
@@ -344,12 +314,7 @@ fn a_new_leader_keeps_the_canary_and_promotes_it() {
     );
     assert!(ok, "deploy: {said}\n{}", cluster.logs());
 
-    cluster.signal(&format!("coordinator-{leader}"), Signal::SIGKILL);
-    let others: Vec<&str> = (1..=3)
-        .filter(|&p| p != leader as usize)
-        .map(|p| all[p - 1])
-        .collect();
-    wait_for_leader(&others, Some(leader), Duration::from_secs(15));
+    let others = kill_leader(&mut cluster, &all, leader);
     let url = others[0];
     wait_ready(url, Duration::from_secs(60), || cluster.logs());
     let status = versions(url);
