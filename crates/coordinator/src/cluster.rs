@@ -134,17 +134,15 @@ impl Cluster {
                 splits.remove(model);
             }
             Some((version, percent)) => {
-                let split = splits.entry(model.to_string()).or_insert(Split {
+                let fresh = Split {
                     version,
                     percent,
                     routed: 0,
-                });
+                };
+                let split = splits.entry(model.to_string()).or_insert(fresh);
+                // A new canary, or a new weight, counts its requests afresh.
                 if (split.version, split.percent) != (version, percent) {
-                    *split = Split {
-                        version,
-                        percent,
-                        routed: 0,
-                    };
+                    *split = fresh;
                 }
             }
         }

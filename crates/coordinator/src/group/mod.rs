@@ -153,6 +153,7 @@ impl GroupHandle {
             .clone();
         status.drained = self.is_drained();
         status.switching = self.is_switching();
+        status.version = self.version();
         status
     }
 

@@ -182,7 +182,9 @@ impl Engine for Leadership {
         let summary = self.node.summary().borrow().clone();
         let models = (summary.models.iter())
             .map(|(name, m)| {
-                let rollout = summary.rollout(name).unwrap_or_else(|| Rollout::initial(m));
+                let rollout = summary
+                    .versions(name)
+                    .unwrap_or_else(|_| Rollout::initial(m));
                 ModelStatus {
                     name: name.clone(),
                     path: m.path.clone(),

@@ -42,8 +42,8 @@ const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 pub(super) fn targets(summary: &Summary, topology: &Topology) -> BTreeMap<String, ModelSource> {
     let mut targets = BTreeMap::new();
     for group in &topology.groups {
-        let source = match summary.rollout(&group.model) {
-            Some(rollout) => {
+        let source = match summary.versions(&group.model) {
+            Ok(rollout) => {
                 let version = rollout.version_for(&group.name);
                 let Some(v) = rollout.version(version) else {
                     continue;
@@ -51,7 +51,7 @@ pub(super) fn targets(summary: &Summary, topology: &Topology) -> BTreeMap<String
                 let path = v.path.clone();
                 ModelSource { version, path }
             }
-            None => first_version(topology, &group.model),
+            Err(_) => first_version(topology, &group.model),
         };
         targets.insert(group.name.clone(), source);
     }
@@ -69,11 +69,14 @@ impl Leadership {
             return Err(self.not_leader());
         };
         let summary = self.node.summary().borrow().clone();
-        let Some(rollout) = summary.rollout(&model) else {
-            let known: Vec<String> = summary.models.keys().cloned().collect();
-            let reason = format!("not served here: the models are {}", known.join(", "));
-            return Err(CoordinatorError::RolloutRefused { model, reason }.into());
+        let rollout = match summary.versions(&model) {
+            Ok(rollout) => rollout,
+            Err(refusal) => {
+                let reason = refusal.0;
+                return Err(CoordinatorError::RolloutRefused { model, reason }.into());
+            }
         };
+        let acted = action.is_some();
         if let Some(action) = action {
             let groups = (summary.models.get(&model))
                 .map(|m| m.groups.clone())
@@ -83,36 +86,34 @@ impl Leadership {
             let proposal = self
                 .node
                 .propose(Command::Rollout(command), JOURNAL_TIMEOUT);
-            match proposal.await {
-                Ok(applied) => match applied.outcome {
-                    Outcome::Applied => {}
-                    Outcome::Refused { reason } => {
-                        return Err(CoordinatorError::RolloutRefused { model, reason }.into());
-                    }
-                    other => {
-                        let reason = format!("{other:?}");
-                        return Err(CoordinatorError::RolloutRefused { model, reason }.into());
-                    }
-                },
+            let outcome = match proposal.await {
+                Ok(applied) => applied.outcome,
                 Err(source) => {
                     return Err(CoordinatorError::RolloutNotCommitted { model, source }.into());
                 }
+            };
+            let reason = match outcome {
+                Outcome::Applied => None,
+                Outcome::Refused { reason } => Some(reason),
+                other => Some(format!("{other:?}")),
+            };
+            if let Some(reason) = reason {
+                return Err(CoordinatorError::RolloutRefused { model, reason }.into());
             }
             if manual_rollback {
                 let labels = [("model", model.clone()), ("cause", "manual".to_string())];
                 metrics::counter!(m::MODEL_ROLLBACKS, &labels).increment(1);
-            }
-            let summary = self.node.summary().borrow().clone();
-            if let Some(event) = summary.rollouts.get(&model).and_then(|r| r.events.last()) {
-                info!(model, what = %event.what, "rollout");
             }
         }
         let rollout = self
             .node
             .summary()
             .borrow()
-            .rollout(&model)
+            .versions(&model)
             .unwrap_or(rollout);
+        if acted && let Some(event) = rollout.events.last() {
+            info!(model, what = %event.what, "rollout");
+        }
         Ok(status(&model, rollout, &cluster))
     }
 

@@ -211,16 +211,10 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The versions of `model` (version 1 only, when it was never deployed to); `None`
-    /// for a model not recorded.
-    pub fn rollout(&self, model: &str) -> Option<Rollout> {
-        let record = self.models.get(model)?;
-        Some(
-            self.rollouts
-                .get(model)
-                .cloned()
-                .unwrap_or_else(|| Rollout::initial(record)),
-        )
+    /// The versions of `model` (version 1 only, when it was never deployed to); for a
+    /// model not recorded, why not.
+    pub fn versions(&self, model: &str) -> Result<Rollout, rollout::Refusal> {
+        rollout::versions_of(&self.models, &self.rollouts, model).map(|(r, _)| r)
     }
 }
 
@@ -373,19 +367,10 @@ impl ClusterState {
     /// Applies a rollout command to its model's versions, all or nothing.
     fn rollout(&mut self, command: &RolloutCommand) -> Outcome {
         let name = command.model();
-        let Some(record) = self.models.get(name) else {
-            let known: Vec<&str> = self.models.keys().map(String::as_str).collect();
-            return Outcome::Refused {
-                reason: format!(
-                    "model `{name}` is not served here: the models are {}",
-                    known.join(", ")
-                ),
-            };
-        };
-        let mut rollout =
-            (self.rollouts.get(name).cloned()).unwrap_or_else(|| Rollout::initial(record));
-        match rollout.apply(command, &record.groups) {
-            Ok(()) => {
+        let applied = rollout::versions_of(&self.models, &self.rollouts, name)
+            .and_then(|(mut r, record)| r.apply(command, &record.groups).map(|()| r));
+        match applied {
+            Ok(rollout) => {
                 self.rollouts.insert(name.to_string(), rollout);
                 Outcome::Applied
             }

@@ -229,9 +229,7 @@ impl Driver {
         self.state = State::Serving { epoch };
         self.shared.ready.store(true, Ordering::Relaxed);
         self.shared.warmed.store(true, Ordering::Relaxed);
-        let version = self.config.source.version;
-        self.shared.version.store(version, Ordering::Relaxed);
-        self.status.version = version;
+        (self.shared.version).store(self.config.source.version, Ordering::Relaxed);
         info!(group = %self.config.name, %epoch, kv_blocks, "group serving");
         for a in adopted {
             self.run_on(a);

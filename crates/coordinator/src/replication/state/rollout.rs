@@ -11,6 +11,8 @@
 //! (`crate::leader::rollout`). [`KEPT_VERSIONS`] versions stay known, so that a rollback
 //! can go back to one of them; the last [`KEPT_EVENTS`] events are kept for the status.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::ModelRecord;
@@ -268,6 +270,25 @@ impl Rollout {
             self.events.remove(0);
         }
     }
+}
+
+/// `model`'s versions as `rollouts` holds them (version 1 alone, for a model never
+/// deployed to) and its record; or, for a model not recorded, why not (a sentence
+/// for after the model's name).
+pub fn versions_of<'a>(
+    models: &'a BTreeMap<String, ModelRecord>,
+    rollouts: &BTreeMap<String, Rollout>,
+    model: &str,
+) -> Result<(Rollout, &'a ModelRecord), Refusal> {
+    let Some(record) = models.get(model) else {
+        let known: Vec<&str> = models.keys().map(String::as_str).collect();
+        return Err(Refusal(format!(
+            "not served here: the models are {}",
+            known.join(", ")
+        )));
+    };
+    let rollout = (rollouts.get(model).cloned()).unwrap_or_else(|| Rollout::initial(record));
+    Ok((rollout, record))
 }
 
 /// A canary's weight is 0 to 100, and its groups are some, not all, of the model's.
