@@ -357,6 +357,18 @@ pub enum Bootstrap {
     Nccl,
 }
 
+impl Bootstrap {
+    /// A one-host group's bootstrap for `epoch`. The segment's name carries a random
+    /// suffix besides the group and the epoch: two clusters on one host may both name a
+    /// group `g`, and must never open each other's segment.
+    pub fn shm(group: &str, epoch: Epoch) -> Bootstrap {
+        let nonce = u64::from_le_bytes(GroupToken::random().0[..8].try_into().expect("8 bytes"));
+        Bootstrap::Shm {
+            name: format!("tessera-{group}-e{epoch}-{nonce:016x}"),
+        }
+    }
+}
+
 /// One step for a group: a delta against the state the shards already hold.
 ///
 /// Shards execute, in order: `free` (release the blocks of finished, cancelled or

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tessera_comm::collective::connect::connect;
 use tessera_comm::collective::shm::ShmCollective;
 use tessera_comm::collective::{CollectiveConfig, Op};
-use tessera_comm::proto::Bootstrap;
+use tessera_comm::proto::{Bootstrap, Epoch};
 use tessera_comm::{Collective, CollectiveError, GroupToken};
 use tessera_topology::Rank;
 
@@ -271,4 +271,41 @@ fn connect_picks_the_backend_from_the_bootstrap() {
     c.all_reduce_sum(&mut data).unwrap();
     assert_eq!(data, [3.0; 3]);
     assert_eq!(other.join().unwrap(), [3.0; 3]);
+}
+
+/// Two clusters on one host may both have a group `g` in epoch 1: their segments must not
+/// meet (seen failing with the name made of the group and the epoch only: one group's
+/// rank 1 found the other's segment, "another group token").
+#[test]
+fn groups_named_alike_on_one_host_never_meet_and_leave_no_segment() {
+    let groups: Vec<(Bootstrap, GroupToken)> = (0..2u8)
+        .map(|g| (Bootstrap::shm("g", Epoch(1)), GroupToken([g + 1; 32])))
+        .collect();
+    assert_ne!(groups[0].0, groups[1].0);
+    let join = |rank: u32, (bootstrap, token): &(Bootstrap, GroupToken)| {
+        let (bootstrap, token) = (bootstrap.clone(), token.clone());
+        thread::spawn(move || {
+            let mut c = connect(&bootstrap, Rank(rank), 2, &token, config(SHORT))?;
+            let mut data = [1.0f32 + rank as f32];
+            c.all_reduce_sum(&mut data)?;
+            Ok::<_, CollectiveError>((c, data[0]))
+        })
+    };
+    // Both rank 0s create their segment before either rank 1 looks for one.
+    let first: Vec<_> = groups.iter().map(|g| join(0, g)).collect();
+    thread::sleep(Duration::from_millis(100));
+    let second: Vec<_> = groups.iter().map(|g| join(1, g)).collect();
+    let joined: Vec<_> = first
+        .into_iter()
+        .chain(second)
+        .map(|h| h.join().unwrap().expect("every rank joins its own group"))
+        .collect();
+    assert!(joined.iter().all(|(_, sum)| *sum == 3.0));
+    for (bootstrap, _) in &groups {
+        let Bootstrap::Shm { name } = bootstrap else {
+            unreachable!()
+        };
+        let path = std::path::Path::new("/dev/shm").join(name);
+        assert!(!path.exists(), "{path:?} is removed once every rank joined");
+    }
 }

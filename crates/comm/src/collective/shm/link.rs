@@ -114,7 +114,8 @@ impl Link {
     }
 
     /// The join barrier: marks this rank present and waits for all. `Ok(false)` if the
-    /// segment was replaced meanwhile (a joiner that opened a stale one).
+    /// segment was replaced meanwhile (a joiner that opened a stale one). Rank 0 removes
+    /// the segment's name after this returns `Ok(true)` to it.
     pub(super) fn meet(&mut self, started: Instant) -> Result<bool, CollectiveError> {
         let me = self.me();
         if self
@@ -129,14 +130,16 @@ impl Link {
         }
         self.ring();
         let deadline = started + self.config.deadline;
+        let first_missing =
+            || (0..self.world).find(|&j| self.word(j, R_PRESENT).load(Ordering::SeqCst) == 0);
         loop {
-            let missing =
-                (0..self.world).find(|&j| self.word(j, R_PRESENT).load(Ordering::SeqCst) == 0);
-            let Some(missing) = missing else {
+            let Some(missing) = first_missing() else {
                 return Ok(true);
             };
             if me != 0 && self.seg.is_unlinked().map_err(io_error)? {
-                return Ok(false);
+                // Rank 0 removes the name once every rank is present (then all are, read
+                // again), or a newer rank 0 replaced the segment (then some never come).
+                return Ok(first_missing().is_none());
             }
             if Instant::now() >= deadline {
                 let error = CollectiveError::Timeout {

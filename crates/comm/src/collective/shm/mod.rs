@@ -51,7 +51,7 @@ impl ShmCollective {
     /// get the same number of bytes × 4); longer payloads are cut into chunks. Every rank
     /// passes the same `name`, `world_size`, `max_elems` and `token`. Rank 0 creates the
     /// segment (replacing a stale one); the others retry until `config.deadline`. Returns
-    /// once every rank has joined.
+    /// once every rank has joined, the segment's name removed.
     pub fn join(
         name: &str,
         rank: Rank,
@@ -104,6 +104,12 @@ impl ShmCollective {
                 rounds: 0,
             };
             if link.meet(started)? {
+                if rank.0 == 0 {
+                    // Every rank has it mapped: the name has served. Without it, a rank
+                    // killed with -9 leaves nothing under /dev/shm; the memory goes with
+                    // the last mapping.
+                    ShmSegment::remove(name).map_err(segment::io_error)?;
+                }
                 return Ok(ShmCollective {
                     link,
                     scratch: Vec::new(),

@@ -9,6 +9,9 @@
 //! atomically. Other ranks retry opening `name` until the deadline and must find the same
 //! header and token, else [`CollectiveError::Unauthenticated`]. The file is mode 0600: only
 //! the user that runs the shards (who could read their memory anyway) can read the token.
+//! The coordinator names the segment per assignment, with a random suffix
+//! ([`crate::proto::Bootstrap::shm`]), and rank 0 removes the name once every rank has
+//! joined, so a rank killed later leaves nothing under `/dev/shm`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -157,9 +157,7 @@ impl Driver {
                 peers: peers.clone(),
             },
             (GroupCollective::Nccl, _) => Bootstrap::Nccl,
-            (GroupCollective::Shm, _) => Bootstrap::Shm {
-                name: format!("tessera-{}-e{epoch}", self.config.name),
-            },
+            (GroupCollective::Shm, _) => Bootstrap::shm(&self.config.name, epoch),
         };
         let keep = held_alike(std::mem::take(&mut self.held));
         self.held = vec![Vec::new(); self.config.tp];
