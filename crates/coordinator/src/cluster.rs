@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use tessera_comm::proto::{Epoch, ModelSource, Term, WireError};
-use tessera_topology::{Collective, Topology};
+use tessera_topology::{Collective, Group, Topology};
 
 use crate::canary::Outcomes;
 use crate::engine::{BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, TokenStream};
@@ -19,13 +19,28 @@ use crate::group::scheduler::SchedulerConfig;
 /// Every group of the topology, with a running driver each.
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    groups: Arc<BTreeMap<String, GroupHandle>>,
+    /// Groups come and go as topologies are applied ([`Cluster::add_group`],
+    /// [`Cluster::remove_group`]).
+    groups: Arc<RwLock<BTreeMap<String, GroupHandle>>>,
+    /// What every group's driver starts with.
+    spawn: Arc<Spawn>,
     /// Prompt prefix key → the group that last got it.
     affinity: Arc<Mutex<HashMap<u64, String>>>,
     /// Per model with a canary: how its requests split between versions.
     splits: Arc<Mutex<HashMap<String, Split>>>,
     /// Every request's end, per model version, as the groups count them.
     outcomes: Arc<Outcomes>,
+}
+
+/// What a group's driver is started with, besides its topology entry.
+#[derive(Debug)]
+struct Spawn {
+    term: Term,
+    limits: Limits,
+    journal: Option<EpochJournal>,
+    /// Numbered from the term up, so that sequences shards carry over from an earlier
+    /// leader's epoch keep ids no new sequence takes.
+    seq_ids: Arc<AtomicU64>,
 }
 
 /// A model's canary: `percent` of its requests go to groups serving `version`.
@@ -61,57 +76,79 @@ impl Cluster {
         journal: Option<EpochJournal>,
         sources: &BTreeMap<String, ModelSource>,
     ) -> Cluster {
-        let outcomes = Arc::new(Outcomes::default());
-        // Numbered from the term up, so that sequences shards carry over from an
-        // earlier leader's epoch keep ids no new sequence takes.
-        let seq_ids = Arc::new(AtomicU64::new((term.0 << 40) + 1));
-        let groups = topology
-            .groups
-            .iter()
-            .map(|g| {
-                let collective = match g.collective {
-                    Collective::Shm => GroupCollective::Shm,
-                    Collective::Nccl => GroupCollective::Nccl,
-                    Collective::Tcp => GroupCollective::Tcp {
-                        peers: g
-                            .shards
-                            .iter()
-                            .map(|s| {
-                                let address = topology
-                                    .host(&s.host)
-                                    .map_or(s.host.as_str(), |h| h.address.as_str());
-                                if address.contains(':') {
-                                    format!("[{address}]:{}", s.port)
-                                } else {
-                                    format!("{address}:{}", s.port)
-                                }
-                            })
-                            .collect(),
-                    },
-                };
-                let config = GroupConfig {
-                    name: g.name.clone(),
-                    model: g.model.clone(),
-                    tp: g.tp,
-                    collective,
-                    hosts: g.shards.iter().map(|s| s.host.clone()).collect(),
-                    term,
-                    limits,
-                    scheduler: SchedulerConfig::default(),
-                    first_epoch: Epoch(epochs.get(&g.name).copied().unwrap_or(0)),
-                    journal: journal.clone(),
-                    source: (sources.get(&g.name).cloned())
-                        .unwrap_or_else(|| first_version(topology, &g.model)),
-                    outcomes: Arc::clone(&outcomes),
-                };
-                (g.name.clone(), driver::spawn(config, Arc::clone(&seq_ids)))
-            })
-            .collect();
-        Cluster {
-            groups: Arc::new(groups),
+        let cluster = Cluster {
+            groups: Arc::default(),
+            spawn: Arc::new(Spawn {
+                term,
+                limits,
+                journal,
+                seq_ids: Arc::new(AtomicU64::new((term.0 << 40) + 1)),
+            }),
             affinity: Arc::new(Mutex::new(HashMap::new())),
             splits: Arc::new(Mutex::new(HashMap::new())),
-            outcomes,
+            outcomes: Arc::new(Outcomes::default()),
+        };
+        for g in &topology.groups {
+            let epoch = Epoch(epochs.get(&g.name).copied().unwrap_or(0));
+            let source = (sources.get(&g.name).cloned())
+                .unwrap_or_else(|| first_version(topology, &g.model));
+            cluster.add_group(topology, g, epoch, source);
+        }
+        cluster
+    }
+
+    /// Starts a driver for `group` of `topology`, its epochs after `epoch`, serving model
+    /// version `source`. A group of that name already running is left as it is.
+    pub fn add_group(&self, topology: &Topology, group: &Group, epoch: Epoch, source: ModelSource) {
+        let mut groups = self.groups.write().unwrap_or_else(PoisonError::into_inner);
+        if groups.contains_key(&group.name) {
+            return;
+        }
+        let collective = match group.collective {
+            Collective::Shm => GroupCollective::Shm,
+            Collective::Nccl => GroupCollective::Nccl,
+            Collective::Tcp => GroupCollective::Tcp {
+                peers: (group.shards.iter())
+                    .map(|s| {
+                        let address = topology
+                            .host(&s.host)
+                            .map_or(s.host.as_str(), |h| h.address.as_str());
+                        if address.contains(':') {
+                            format!("[{address}]:{}", s.port)
+                        } else {
+                            format!("{address}:{}", s.port)
+                        }
+                    })
+                    .collect(),
+            },
+        };
+        let spawn = &self.spawn;
+        let config = GroupConfig {
+            name: group.name.clone(),
+            model: group.model.clone(),
+            tp: group.tp,
+            collective,
+            hosts: group.shards.iter().map(|s| s.host.clone()).collect(),
+            term: spawn.term,
+            limits: spawn.limits,
+            scheduler: SchedulerConfig::default(),
+            first_epoch: epoch,
+            journal: spawn.journal.clone(),
+            source,
+            outcomes: Arc::clone(&self.outcomes),
+        };
+        let handle = driver::spawn(config, Arc::clone(&spawn.seq_ids));
+        groups.insert(group.name.clone(), handle);
+    }
+
+    /// Takes `group` out of the cluster: no request reaches it any more, and its driver
+    /// asks its shards to exit ([`GroupHandle::stop`]). Drain it first.
+    pub async fn remove_group(&self, group: &str) {
+        let removed = (self.groups.write())
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(group);
+        if let Some(handle) = removed {
+            handle.stop().await;
         }
     }
 
@@ -121,8 +158,9 @@ impl Cluster {
     }
 
     /// The groups, by name.
-    pub fn groups(&self) -> impl Iterator<Item = &GroupHandle> {
-        self.groups.values()
+    pub fn groups(&self) -> Vec<GroupHandle> {
+        let groups = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        groups.values().cloned().collect()
     }
 
     /// Sends `percent` of `model`'s requests to its groups serving `version` (a canary),
@@ -158,8 +196,9 @@ impl Cluster {
         Some((split.version, canary))
     }
 
-    pub fn group(&self, name: &str) -> Option<&GroupHandle> {
-        self.groups.get(name)
+    pub fn group(&self, name: &str) -> Option<GroupHandle> {
+        let groups = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        groups.get(name).cloned()
     }
 
     /// Queues `request` (journal id `id`) on a group of its model, to go on after the
@@ -182,8 +221,8 @@ impl Cluster {
     /// Why no group of `model` takes requests: it has none, or every one is drained.
     fn no_route(&self, model: String) -> WireError {
         let drained: Vec<String> = self
-            .groups
-            .values()
+            .groups()
+            .iter()
             .filter(|g| g.model == model)
             .map(|g| g.name.clone())
             .collect();
@@ -196,18 +235,15 @@ impl Cluster {
 
     /// Takes `group` out of routing, or back in; `false` when there is no such group.
     pub fn set_drained(&self, group: &str, drained: bool) -> bool {
-        self.groups
-            .get(group)
-            .map(|g| g.set_drained(drained))
-            .is_some()
+        self.group(group).map(|g| g.set_drained(drained)).is_some()
     }
 
     /// The group for a request: see [`pick`]. Remembers which group got which prompt
     /// prefix, so that requests sharing one land where its KV blocks are cached.
-    fn route(&self, request: &GenerateRequest) -> Option<&GroupHandle> {
-        let mut groups: Vec<&GroupHandle> = self
-            .groups
-            .values()
+    fn route(&self, request: &GenerateRequest) -> Option<GroupHandle> {
+        let all = self.groups();
+        let mut groups: Vec<&GroupHandle> = all
+            .iter()
             .filter(|g| g.model == request.model && !g.is_drained() && !g.is_switching())
             .collect();
         // With a canary, the split picks the version's groups (while both sides have
@@ -233,7 +269,7 @@ impl Cluster {
             }
             affinity.insert(k, chosen.name.clone());
         }
-        Some(*chosen)
+        Some((*chosen).clone())
     }
 }
 
@@ -309,7 +345,8 @@ impl Engine for Cluster {
     }
 
     fn admission(&self, model: &str) -> Result<(), WireError> {
-        let mut of_model = self.groups.values().filter(|g| g.model == model).peekable();
+        let groups = self.groups();
+        let mut of_model = groups.iter().filter(|g| g.model == model).peekable();
         if of_model.peek().is_none() {
             return Ok(());
         }
@@ -330,13 +367,13 @@ impl Engine for Cluster {
         ClusterStatus {
             peers: Vec::new(),
             models: Vec::new(),
-            groups: self.groups.values().map(GroupHandle::status).collect(),
+            groups: self.groups().iter().map(GroupHandle::status).collect(),
         }
     }
 
     fn ready(&self, model: &str) -> bool {
-        let groups = self.groups.values().filter(|g| g.model == model);
-        model_ready(groups.map(|g| {
+        let groups = self.groups();
+        model_ready(groups.iter().filter(|g| g.model == model).map(|g| {
             let serving = g.is_ready() && !g.is_drained() && !g.is_switching();
             (g.has_warmed(), serving)
         }))

@@ -13,6 +13,8 @@ use tessera_topology::PeerId;
 use tokio::sync::mpsc;
 
 use crate::error::CoordinatorError;
+use crate::live::TopologyChange;
+use crate::replication::state::AppliedTopology;
 use crate::replication::state::rollout::{Canary, RolloutEvent, Version};
 
 pub use tessera_comm::proto::TokenLogprobs;
@@ -181,6 +183,33 @@ pub trait Engine: Send + Sync + 'static {
             CoordinatorError::NotReplicated.into()
         )))
     }
+
+    /// Applies the topology `text` (read from file `path`) once committed: the groups and
+    /// models it adds and removes. Engines without replication refuse.
+    fn apply_topology(
+        &self,
+        path: String,
+        text: String,
+    ) -> BoxFuture<'_, Result<TopologyApplied, WireError>> {
+        let _ = (path, text);
+        Box::pin(std::future::ready(Err(
+            CoordinatorError::NotReplicated.into()
+        )))
+    }
+
+    /// The topology applied last, if any (`None`: each peer's file is in force).
+    fn applied_topology(&self) -> Option<AppliedTopology> {
+        None
+    }
+}
+
+/// What `tessera topology apply` is answered.
+#[derive(Clone, Debug, Serialize)]
+pub struct TopologyApplied {
+    /// The applied topology's generation (unchanged when there was nothing to change).
+    pub generation: u64,
+    #[serde(flatten)]
+    pub change: TopologyChange,
 }
 
 /// A change to a model's versions, as the API asks it (`tessera model …`).

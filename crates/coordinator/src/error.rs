@@ -125,6 +125,12 @@ pub enum CoordinatorError {
         source: ProposalError,
     },
 
+    // Topologies applied through the API.
+    #[error("the topology cannot be applied: {reason}")]
+    TopologyRefused { reason: String },
+    #[error("the topology was not committed: {source}")]
+    TopologyNotCommitted { source: ProposalError },
+
     // Forwarding to the leader.
     #[error("forwarding to the leader (peer {leader}, QUIC address {quic}) failed: {reason}")]
     ForwardFailed {
@@ -188,6 +194,7 @@ impl CoordinatorError {
             | E::ModelDrained { .. }
             | E::DrainNotCommitted { .. }
             | E::RolloutNotCommitted { .. }
+            | E::TopologyNotCommitted { .. }
             | E::ForwardFailed { .. } => ErrorClass::Unavailable,
             E::NoGroupForModel { .. }
             | E::TooLarge { .. }
@@ -207,6 +214,7 @@ impl CoordinatorError {
             | E::UnknownGroup { .. }
             | E::RolloutRefused { .. }
             | E::BadModelPath { .. }
+            | E::TopologyRefused { .. }
             | E::NoSuchRank { .. } => ErrorClass::InvalidRequest,
         }
     }

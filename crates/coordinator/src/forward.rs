@@ -38,6 +38,7 @@ fn leader_only(path: &str, query: Option<&str>) -> bool {
                 || path.starts_with("/v1/cluster/peers")
                 || path.starts_with("/v1/cluster/groups/")
                 || path.starts_with("/v1/cluster/models/")
+                || path == "/v1/cluster/topology"
         }
     }
 }

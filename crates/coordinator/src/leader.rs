@@ -14,13 +14,14 @@
 mod bounds;
 mod engine;
 mod journal;
+mod reshape;
 mod rollout;
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_comm::proto::{FinishReason, Term, WireError};
-use tessera_topology::{CoordinatorPeer, PeerId, Topology};
+use tessera_topology::{CoordinatorPeer, PeerId};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -29,13 +30,18 @@ use crate::cluster::Cluster;
 use crate::engine::PeerStatus;
 use crate::error::CoordinatorError;
 use crate::group::driver::{EpochJournal, Limits};
+use crate::live::{LiveTopology, model_records};
 use crate::replication::node::NodeHandle;
 use crate::replication::peer::Role;
-use crate::replication::state::{Command, Journaled, Member, ModelRecord, Summary};
+use crate::replication::state::{Command, Journaled, Member, Summary};
 use journal::{Ending, Tail, Tails};
 
 /// How long a request waits for its journal entry to commit.
 pub const JOURNAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a group leaving routing (moving to another model version, or removed from
+/// the topology) waits for its requests to finish; what still runs then fails (and may
+/// be resumed by its client).
+const GROUP_DRAIN: Duration = Duration::from_secs(30);
 /// How long a membership change may take to commit (a new peer may catch up first).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a request waits for an election under way before it is refused.
@@ -48,7 +54,8 @@ pub use bounds::{JournalBudget, JournalLimits, Reservation};
 pub struct Leadership {
     me: PeerId,
     node: NodeHandle,
-    topology: Arc<Topology>,
+    /// The topology in force: the file's, or the last one applied.
+    topology: LiveTopology,
     leading: Arc<RwLock<Option<Leading>>>,
     tails: Tails,
     budget: JournalBudget,
@@ -91,7 +98,7 @@ impl Leadership {
     pub fn start(
         me: PeerId,
         node: NodeHandle,
-        topology: Arc<Topology>,
+        topology: LiveTopology,
         limits: Limits,
         journal: JournalLimits,
         canary: Thresholds,
@@ -148,9 +155,10 @@ impl Leadership {
                         }
                     });
                 }));
-                let sources = rollout::targets(&self.node.summary().borrow(), &self.topology);
+                let topology = self.topology.current();
+                let sources = rollout::targets(&self.node.summary().borrow(), &topology);
                 let cluster = Cluster::start_recorded(
-                    &self.topology,
+                    &topology,
                     role.term,
                     limits,
                     &epochs,
@@ -171,6 +179,7 @@ impl Leadership {
                     self.canary,
                     limits.assign_deadline,
                 ));
+                tokio::spawn(self.clone().follow_topology(cluster.clone(), role.term));
                 tokio::spawn(self.clone().resume_open(cluster));
                 tokio::spawn(self.clone().record_models());
             }
@@ -269,6 +278,7 @@ impl Leadership {
             return Some(announced(member));
         }
         self.topology
+            .current()
             .coordinators
             .iter()
             .find(|c| c.id == id)
@@ -295,7 +305,9 @@ impl Leadership {
         // The configuration's voters; the topology's peers until one is known.
         let mut ids = self.node.voters();
         if ids.is_empty() {
-            ids = self.topology.coordinators.iter().map(|c| c.id).collect();
+            ids = (self.topology.current().coordinators.iter())
+                .map(|c| c.id)
+                .collect();
         }
         ids.into_iter()
             .map(|id| {
@@ -397,30 +409,27 @@ impl Leadership {
         }
     }
 
-    /// Records the models this leader's topology serves, where the replicated state
-    /// holds them otherwise (a first leader, or a topology changed across a restart).
+    /// Records the models this leader's file serves, where the replicated state holds
+    /// them otherwise (a first leader, or a file changed across a restart). Once a
+    /// topology is applied, its models stand (the state refuses these).
     async fn record_models(self) {
-        let recorded = self.node.summary().borrow().models.clone();
-        for model in &self.topology.models {
-            let record = ModelRecord {
-                path: model.path.display().to_string(),
-                groups: self
-                    .topology
-                    .groups
-                    .iter()
-                    .filter(|g| g.model == model.name)
-                    .map(|g| g.name.clone())
-                    .collect(),
-            };
-            if recorded.get(&model.name) == Some(&record) {
+        let (recorded, applied) = {
+            let summary = self.node.summary().borrow().clone();
+            (summary.models.clone(), summary.topology.is_some())
+        };
+        if applied {
+            return;
+        }
+        for (name, record) in model_records(&self.topology.current()) {
+            if recorded.get(&name) == Some(&record) {
                 continue;
             }
             let command = Command::Model {
-                name: model.name.clone(),
+                name: name.clone(),
                 record,
             };
             if let Err(error) = self.node.propose(command, JOURNAL_TIMEOUT).await {
-                warn!(model = %model.name, %error, "model not recorded");
+                warn!(model = %name, %error, "model not recorded");
             }
         }
     }

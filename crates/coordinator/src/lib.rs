@@ -14,6 +14,7 @@
 //! - [`leader`]: drives the groups while this peer leads, and journals every request.
 //! - [`forward`]: followers pass API calls on to the leader.
 //! - [`lifecycle`]: how a peer stops: drain, hand leadership over, exit; or fail stop.
+//! - [`live`]: the topology in force (the file's, or the last applied through the API).
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +27,7 @@ pub mod forward;
 pub mod group;
 pub mod leader;
 pub mod lifecycle;
+pub mod live;
 pub mod metrics;
 pub mod replication;
 pub mod server;

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
@@ -18,7 +18,8 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_comm::quic;
 use tessera_coordinator::api::drain::{self, Drain};
 use tessera_coordinator::api::listen::{self, ConnLimits};
-use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel, ServedModels};
+use tessera_coordinator::live::LiveTopology;
 use tessera_coordinator::canary::CanaryArgs;
 use tessera_coordinator::forward::{self, Forwarder};
 use tessera_coordinator::group::driver::{Limits, WarmupMode};
@@ -26,8 +27,6 @@ use tessera_coordinator::leader::{Announce, JournalLimits, Leadership};
 use tessera_coordinator::replication::transport::{self, Addresses};
 use tessera_coordinator::replication::{LogStore, log, membership, node, peer::Peer};
 use tessera_coordinator::{lifecycle, metrics, server};
-use tessera_model::chat::ChatTemplate;
-use tessera_model::loader;
 use tessera_topology::{CoordinatorPeer, PeerId, Topology};
 use tracing::{info, warn};
 
@@ -336,7 +335,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::spawn(lifecycle::fail_stop(node.clone()));
     tokio::spawn(metrics::export_raft(node.clone()));
     tokio::spawn(metrics::export_process());
-    let topology = Arc::new(topology);
+    let topology = LiveTopology::new(topology);
+    topology.follow(node.clone());
+    let models = Arc::new(ServedModels::new(models));
+    tokio::spawn(api::models::follow(topology.clone(), Arc::clone(&models)));
     let announce = Announce {
         http: args
             .http
@@ -347,7 +349,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let leadership = Leadership::start(
         me.id,
         node.clone(),
-        Arc::clone(&topology),
+        topology.clone(),
         group_limits,
         journal_limits,
         canary,
@@ -485,7 +487,7 @@ fn start_raft(
 /// The HTTP API over `leadership` (followers forward to the leader), and `/metrics`
 /// when the recorder is installed.
 fn http_app(
-    models: Vec<ServedModel>,
+    models: Arc<ServedModels>,
     api_keys: ApiKeys,
     limits: ApiLimits,
     drain: Arc<Drain>,
@@ -515,43 +517,12 @@ fn http_app(
     app
 }
 
-/// Tokenizer and limits of every model, read from the model files' metadata (no
-/// weights: the coordinator runs no layers).
+/// Tokenizer and limits of every model of the topology.
 fn served_models(topology: &Topology) -> anyhow::Result<Vec<ServedModel>> {
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    topology
-        .models
-        .iter()
+    (topology.models.iter())
         .map(|m| {
-            let meta = loader::load_metadata(&m.path)
-                .with_context(|| format!("reading model `{}` at {}", m.name, m.path.display()))?;
-            let mut eos_token_ids = meta.config.eos_token_ids.clone();
-            if let Some(t) = &meta.tokenizer {
-                eos_token_ids.extend(t.eos_token_ids());
-            }
-            eos_token_ids.sort_unstable();
-            eos_token_ids.dedup();
-            let chat_template = meta.tokenizer.as_ref().and_then(|t| {
-                ChatTemplate::from_tokenizer(t)
-                    .map_err(|error| {
-                        // Completions still work; chat answers 400 for this model.
-                        warn!(model = %m.name, %error, "chat template does not compile");
-                    })
-                    .ok()
-                    .flatten()
-                    .map(Arc::new)
-            });
-            Ok(ServedModel {
-                name: m.name.clone(),
-                context_tokens: meta.config.max_position_embeddings,
-                vocab_size: meta.config.vocab_size,
-                tokenizer: meta.tokenizer.map(Arc::new),
-                chat_template,
-                eos_token_ids,
-                created,
-            })
+            api::models::load(m)
+                .with_context(|| format!("reading model `{}` at {}", m.name, m.path.display()))
         })
         .collect()
 }

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use crate::error::CoordinatorError;
 use crate::group::ShardLink;
 use crate::leader::Leadership;
+use crate::live::LiveTopology;
 use crate::replication::transport::{self, HttpStreams};
 
 /// A registration must arrive this soon after the handshake.
@@ -24,12 +25,12 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Accepts connections until the endpoint closes.
 pub async fn accept_loop(
     endpoint: quinn::Endpoint,
-    topology: std::sync::Arc<Topology>,
+    topology: LiveTopology,
     leadership: Leadership,
     forwarded: HttpStreams,
 ) {
     while let Some(incoming) = endpoint.accept().await {
-        let topology = std::sync::Arc::clone(&topology);
+        let topology = topology.current();
         let leadership = leadership.clone();
         let forwarded = std::sync::Arc::clone(&forwarded);
         tokio::spawn(async move {
@@ -98,9 +99,12 @@ async fn handle(
         connection.close(3u32.into(), b"not the leader");
         return Ok(());
     };
-    let group = cluster
-        .group(&register.group)
-        .expect("checked against the topology");
+    let Some(group) = cluster.group(&register.group) else {
+        // A group of a topology just applied whose driver is not started yet: the
+        // shard registers again in a moment.
+        connection.close(4u32.into(), b"group not started yet");
+        return Err(format!("group `{}` not started yet", register.group));
+    };
     info!(group = %register.group, rank = %register.rank, pid = register.pid, "registration accepted");
     let link = ShardLink {
         connection,

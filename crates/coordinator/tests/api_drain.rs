@@ -12,13 +12,13 @@ use axum::http::{Request, header};
 use common::*;
 use serde_json::{Value, json};
 use tessera_coordinator::api::drain::{self, Drain};
-use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModels};
 use tower::ServiceExt;
 
 fn draining_app(engine: Arc<MockEngine>, keys: ApiKeys) -> (Router, Arc<Drain>) {
     let drain = Drain::new(Duration::from_secs(30));
     let app = api::router(ApiState {
-        models: models(),
+        models: Arc::new(ServedModels::new(models())),
         engine,
         api_keys: keys,
         limits: ApiLimits::default(),

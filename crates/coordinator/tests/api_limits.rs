@@ -14,7 +14,7 @@ use common::*;
 use serde_json::{Value, json};
 use tessera_coordinator::api::drain::Drain;
 use tessera_coordinator::api::listen::{self, ConnLimits};
-use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModels};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use tower::ServiceExt;
@@ -155,7 +155,7 @@ async fn serve(engine: Arc<MockEngine>, limits: ApiLimits, conn: ConnLimits) -> 
         model.context_tokens = 1 << 20;
     }
     let app = api::router(ApiState {
-        models,
+        models: Arc::new(ServedModels::new(models)),
         engine,
         api_keys: ApiKeys::default(),
         limits,

@@ -6,8 +6,9 @@
 //! (`--priority-key`) call it too and may also set a request's `priority` ahead of the
 //! default (below 0), which no inference key may, since it preempts other tenants' running
 //! requests; admin keys (`--admin-key`) may do both, and they alone change the cluster (the
-//! membership routes under `/v1/cluster/peers`, a group's drain under `/v1/cluster/groups/`). An inference key there gets 403. A
-//! coordinator with inference keys but no admin key refuses every cluster change (403,
+//! membership routes under `/v1/cluster/peers`, a group's drain under
+//! `/v1/cluster/groups/`, model versions under `/v1/cluster/models/`, the topology at
+//! `/v1/cluster/topology`). An inference key there gets 403. A coordinator with inference keys but no admin key refuses every cluster change (403,
 //! naming `--admin-key`); one with no key at all (loopback only) lets every request
 //! through. When inference needs no key, anyone may set any priority.
 //!
@@ -34,11 +35,12 @@ use super::error::{ApiError, ApiErrorKind};
 const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", "/"];
 
 /// Where only admin keys may go: changes to the cluster (its peers, a group's drain, a
-/// model's versions), and a peer's drain.
-const ADMIN_PREFIXES: [&str; 4] = [
+/// model's versions, the topology), and a peer's drain.
+const ADMIN_PREFIXES: [&str; 5] = [
     "/v1/cluster/peers",
     "/v1/cluster/groups/",
     "/v1/cluster/models/",
+    "/v1/cluster/topology",
     "/v1/admin/",
 ];
 

@@ -38,7 +38,7 @@ pub(crate) async fn create_chat_completion(
     let add_generation_prompt = f.take("add_generation_prompt")?.unwrap_or(true);
     let spec = ParamsSpec::take(&mut f, Endpoint::Chat)?;
     reject_unsupported(&mut f)?;
-    let model = state.model(&model_name)?;
+    let model = &state.model(&model_name)?;
     let params = spec.validate(model)?;
     caller.check_priority(params.priority)?;
     let id = idempotency::response_id(&headers, "chatcmpl")?;

@@ -36,7 +36,7 @@ pub(crate) async fn create_completion(
     let prompt = PromptSpec::from_json(f.require("prompt")?)?;
     let spec = ParamsSpec::take(&mut f, Endpoint::Completions)?;
     reject_unsupported(&mut f)?;
-    let model = state.model(&model_name)?;
+    let model = &state.model(&model_name)?;
     let params = spec.validate(model)?;
     caller.check_priority(params.priority)?;
     let id = idempotency::response_id(&headers, "cmpl")?;

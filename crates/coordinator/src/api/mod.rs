@@ -20,7 +20,8 @@
 //!   coordinator peers: `POST /v1/cluster/peers`, `DELETE /v1/cluster/peers/{id}`
 //!   ([`peers`]);
 //!   a group's maintenance drain: `POST /v1/cluster/groups/{group}/drain` and `/resume`
-//!   ([`groups`]).
+//!   ([`groups`]); model versions under `/v1/cluster/models/` ([`rollout`]); the topology
+//!   in force, `GET` and `POST /v1/cluster/topology` ([`topology`]).
 //! - `POST /v1/admin/drain` starts this peer's drain, `GET` says how far it is
 //!   ([`drain`]; admin keys only).
 //!
@@ -45,6 +46,7 @@ mod idempotency;
 mod ids;
 mod limits;
 pub mod listen;
+pub mod models;
 mod params;
 mod peers;
 mod respond;
@@ -52,6 +54,7 @@ mod resume;
 mod rollout;
 mod status;
 mod stream;
+mod topology;
 mod types;
 
 use std::fmt;
@@ -68,8 +71,6 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tessera_model::chat::ChatTemplate;
-use tessera_model::tokenizer::Tokenizer;
 use tracing::{Instrument, debug, field, info_span};
 
 use crate::engine::Engine;
@@ -78,6 +79,7 @@ use types::{ModelCard, ModelList};
 pub use auth::{ApiKeys, ExposureError, check_exposure};
 pub use error::{ApiError, ApiErrorKind};
 pub use limits::ApiLimits;
+pub use models::{ServedModel, ServedModels};
 pub use params::{MAX_CHOICES, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS};
 
 /// Largest request body accepted: a prompt of a full 128k-token context as text is about
@@ -85,29 +87,10 @@ pub use params::{MAX_CHOICES, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS};
 /// request hold much memory.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// A model the API serves, with what validation needs to know of it.
-#[derive(Clone, Debug)]
-pub struct ServedModel {
-    /// The topology's model name: the `model` field of requests.
-    pub name: String,
-    /// `None`: prompts must be token ids and responses carry no text.
-    pub tokenizer: Option<Arc<Tokenizer>>,
-    /// `None`: the model has no chat template and chat completions answer 400.
-    pub chat_template: Option<Arc<ChatTemplate>>,
-    /// Ids that end generation unless the request sets `ignore_eos`.
-    pub eos_token_ids: Vec<u32>,
-    /// Prompt plus completion tokens one sequence may hold.
-    pub context_tokens: usize,
-    /// Token ids run from 0 to `vocab_size - 1`.
-    pub vocab_size: usize,
-    /// Unix seconds, for the model object's `created`.
-    pub created: u64,
-}
-
 /// What the API's handlers share.
 pub struct ApiState {
-    /// Looked up by name; the first of two with the same name wins.
-    pub models: Vec<ServedModel>,
+    /// As the topology in force names them ([`models::follow`]).
+    pub models: Arc<ServedModels>,
     pub engine: Arc<dyn Engine>,
     /// Bearer keys; empty: no key needed.
     pub api_keys: ApiKeys,
@@ -131,10 +114,9 @@ impl fmt::Debug for ApiState {
 
 impl ApiState {
     /// The served model `name`, or OpenAI's 404.
-    fn model(&self, name: &str) -> Result<&ServedModel, ApiError> {
+    fn model(&self, name: &str) -> Result<ServedModel, ApiError> {
         self.models
-            .iter()
-            .find(|m| m.name == name)
+            .get(name)
             .ok_or_else(|| ApiError::model_not_found(name))
     }
 }
@@ -164,6 +146,10 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/cluster/models/{model}/rollback",
             post(rollout::rollback),
+        )
+        .route(
+            "/v1/cluster/topology",
+            get(topology::show).post(topology::apply),
         )
         .route("/v1/admin/drain", get(drain::status).post(drain::start))
         .fallback(not_found)
@@ -253,15 +239,16 @@ struct ModelReadiness<'a> {
 }
 
 async fn ready(State(state): State<Arc<ApiState>>) -> Response {
-    let models: Vec<ModelReadiness<'_>> = state
-        .models
+    let served = state.models.all();
+    let models: Vec<ModelReadiness<'_>> = served
         .iter()
         .map(|m| ModelReadiness {
             id: &m.name,
             ready: state.engine.ready(&m.name),
         })
         .collect();
-    let all_ready = models.iter().all(|m| m.ready);
+    // A model an applied topology added does not hold the peer back while it loads.
+    let all_ready = (models.iter()).all(|m| state.models.lets_ready(m.id, m.ready));
     let (status, word) = if all_ready {
         (StatusCode::OK, "ready")
     } else {
@@ -287,7 +274,7 @@ fn model_card(model: &ServedModel) -> ModelCard {
 async fn list_models(State(state): State<Arc<ApiState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: state.models.iter().map(model_card).collect(),
+        data: state.models.all().iter().map(model_card).collect(),
     })
 }
 
@@ -297,7 +284,7 @@ async fn retrieve_model(
 ) -> Result<Json<ModelCard>, ApiError> {
     let Path(name) =
         name.map_err(|e| ApiError::new(ApiErrorKind::InvalidRequest, e.body_text()))?;
-    state.model(&name).map(|m| Json(model_card(m)))
+    state.model(&name).map(|m| Json(model_card(&m)))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

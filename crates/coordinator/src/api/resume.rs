@@ -79,7 +79,7 @@ pub(crate) async fn replay(
     stream: bool,
     start: Instant,
 ) -> Result<Response, ApiError> {
-    let model = state.model(&resumed.request.model)?;
+    let model = &state.model(&resumed.request.model)?;
     let stop = Arc::from(resumed.request.stop);
     let response_id = id.split('/').next().unwrap_or(&id).to_string();
     let meta = Meta {

@@ -294,6 +294,10 @@ impl Driver {
                         self.submit(&id, request, generated, events, reply);
                     }
                     Some(GroupCommand::Serve { source }) => self.switch(source),
+                    Some(GroupCommand::Stop) => {
+                        self.stop().await;
+                        return;
+                    }
                     None => {
                         self.release();
                         return;
@@ -316,6 +320,19 @@ impl Driver {
                 .close(0u32.into(), b"this coordinator no longer leads");
         }
         info!(group = %self.config.name, "group released");
+    }
+
+    /// The group leaves the cluster: each shard is told to exit (`Shutdown`), and its
+    /// connection closes once the shard has read that, or after a second.
+    async fn stop(&mut self) {
+        for mut link in self.links.iter_mut().filter_map(Option::take) {
+            let shutdown = wire::write_frame(&mut link.send, &CoordinatorMsg::Shutdown);
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, shutdown).await;
+            let _ = link.send.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(1), link.send.stopped()).await;
+            link.connection.close(0u32.into(), b"group removed");
+        }
+        info!(group = %self.config.name, "group removed: its shards were asked to exit");
     }
 
     async fn on_shard(&mut self, event: FromShard) {

@@ -68,6 +68,9 @@ pub enum GroupCommand {
     },
     /// Serve this model version from the next epoch on (ending the current one).
     Serve { source: ModelSource },
+    /// The group leaves the cluster: its shards are asked to exit, and the driver ends
+    /// (what still runs fails).
+    Stop,
 }
 
 /// Where a sequence's tokens go.
@@ -131,6 +134,28 @@ impl GroupHandle {
             .send(GroupCommand::Serve { source })
             .await
             .map_err(|_| self.stopped())
+    }
+
+    /// Waits until the group runs and queues nothing, for up to `within`; whether it
+    /// became idle.
+    pub async fn until_idle(&self, within: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + within;
+        loop {
+            let s = self.status();
+            if s.running == 0 && s.waiting == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Asks the driver to stop: see [`GroupCommand::Stop`]. Returns once it was told.
+    pub async fn stop(&self) {
+        // A driver already gone has nothing to stop.
+        let _ = self.commands.send(GroupCommand::Stop).await;
     }
 
     /// Requests waiting for admission.

@@ -13,11 +13,11 @@ use super::journal::{self, Ending, Tail};
 use super::{JOURNAL_TIMEOUT, Leadership, MEMBERSHIP_TIMEOUT, now_ms};
 use crate::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, ModelStatus, PeerChange,
-    Resumed, RolloutAction, TokenStream, VersionsStatus,
+    Resumed, RolloutAction, TokenStream, TopologyApplied, VersionsStatus,
 };
 use crate::error::CoordinatorError;
 use crate::replication::peer::MembershipChange;
-use crate::replication::state::{Command, Journaled, Outcome, Rollout};
+use crate::replication::state::{AppliedTopology, Command, Journaled, Outcome, Rollout};
 
 impl Engine for Leadership {
     fn generate(
@@ -172,6 +172,18 @@ impl Engine for Leadership {
         action: Option<RolloutAction>,
     ) -> BoxFuture<'_, Result<VersionsStatus, WireError>> {
         Box::pin(self.versions(model, action))
+    }
+
+    fn apply_topology(
+        &self,
+        path: String,
+        text: String,
+    ) -> BoxFuture<'_, Result<TopologyApplied, WireError>> {
+        Box::pin(Leadership::apply_topology(self, path, text))
+    }
+
+    fn applied_topology(&self) -> Option<AppliedTopology> {
+        self.node.summary().borrow().topology.clone()
     }
 
     fn status(&self) -> ClusterStatus {

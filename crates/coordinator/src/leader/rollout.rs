@@ -21,7 +21,7 @@ use tessera_topology::Topology;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::{JOURNAL_TIMEOUT, Leadership, now_ms};
+use super::{GROUP_DRAIN, JOURNAL_TIMEOUT, Leadership, now_ms};
 use crate::canary::{self, Thresholds};
 use crate::cluster::{Cluster, first_version};
 use crate::engine::{GroupVersion, RolloutAction, VersionsStatus};
@@ -30,9 +30,6 @@ use crate::group::GroupHandle;
 use crate::metrics as m;
 use crate::replication::state::{Command, Outcome, Rollout, RolloutCommand, Summary};
 
-/// How long a group moving to another version waits for its requests to finish; what
-/// still runs then fails (and may be resumed by its client).
-const SWITCH_DRAIN: Duration = Duration::from_secs(30);
 /// How often canaries are judged and groups checked, besides every committed change.
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
@@ -147,7 +144,7 @@ impl Leadership {
                 continue; // the state changed: act on it now
             }
             if moving.as_ref().is_none_or(JoinHandle::is_finished) {
-                let targets = targets(&now, &self.topology);
+                let targets = targets(&now, &self.topology.current());
                 let next = targets.into_iter().find(|(g, s)| sent.get(g) != Some(s));
                 if let Some((name, source)) = next
                     && let Some(group) = cluster.group(&name)
@@ -285,19 +282,12 @@ fn checked_path(path: &str, rollout: &Rollout) -> Result<String, CoordinatorErro
 }
 
 /// Moves `group` (taken out of routing by the caller) to model version `source`: its
-/// requests finish (for up to [`SWITCH_DRAIN`]), a new epoch serves the version, and it
+/// requests finish (for up to [`GROUP_DRAIN`]), a new epoch serves the version, and it
 /// is back in routing.
 async fn switch_group(group: GroupHandle, source: ModelSource, ready_wait: Duration) {
     let version = source.version;
     info!(group = %group.name, version, "moving the group to another model version: draining it");
-    let idle = |g: &GroupHandle| {
-        let s = g.status();
-        s.running == 0 && s.waiting == 0
-    };
-    let until = Instant::now() + SWITCH_DRAIN;
-    while !idle(&group) && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    group.until_idle(GROUP_DRAIN).await;
     if group.serve(source).await.is_ok() {
         let until = Instant::now() + ready_wait;
         while !(group.is_ready() && group.version() == version) {
@@ -330,6 +320,7 @@ fn export(model: &str, rollout: &Rollout) {
 fn status(model: &str, rollout: Rollout, cluster: &Cluster) -> VersionsStatus {
     let groups = cluster
         .groups()
+        .into_iter()
         .filter(|g| g.model == model)
         .map(|g| {
             let status = g.status();

@@ -4,6 +4,8 @@
 //! - members: each peer's id and addresses;
 //! - groups: each group's epoch and the shards registered in it;
 //! - models: each served model's files and groups, as the leader's topology names them;
+//! - the topology applied through the API (`tessera topology apply`), which replaces the
+//!   peers' files for groups and models;
 //! - the request journal: every accepted request (its tokens, parameters and priority), the
 //!   tokens checkpointed as sent to its client, and its completion. The leader keeps it
 //!   within a byte budget ([`journal`]): [`Command::Prune`] drops finished requests once
@@ -107,6 +109,17 @@ pub enum Command {
     Drain { group: String, drained: bool },
     /// A model's versions change: a deploy, a promotion or a rollback ([`rollout`]).
     Rollout(RolloutCommand),
+    /// A topology applied through the API: from now on its groups and models are the
+    /// cluster's (`models`, each with its files and groups, replace the recorded ones).
+    /// Groups and models it drops are forgotten, with their records and versions.
+    /// Refused unless `generation` is the one after the state's: the proposer checked it
+    /// against the topology that was in force.
+    Topology {
+        generation: u64,
+        path: String,
+        text: String,
+        models: BTreeMap<String, ModelRecord>,
+    },
 }
 
 /// What applying a command did. Anything but `Applied` left the state unchanged.
@@ -128,10 +141,21 @@ pub enum Outcome {
     /// A reopen of a request that is open, or that finished with a reason.
     NotReopenable,
     /// A rollout command that does not fit the model's versions (or names an unknown
-    /// model): a sentence saying what to change.
+    /// model), or a model recorded from a file where an applied topology names them: a
+    /// sentence saying what to change.
     Refused {
         reason: String,
     },
+}
+
+/// The last topology applied through the API, as its text: every peer parses it the same.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedTopology {
+    /// 1 for the first one applied, then one more each time.
+    pub generation: u64,
+    /// The file it was read from, against whose directory relative paths resolve.
+    pub path: String,
+    pub text: String,
 }
 
 /// A coordinator peer.
@@ -192,6 +216,8 @@ pub struct ClusterState {
     /// The versions of each model that was ever deployed to (a model absent here serves
     /// its topology's files as version 1: [`Rollout::initial`]).
     pub rollouts: BTreeMap<String, Rollout>,
+    /// `None` until a topology is applied: each peer's file names groups and models.
+    pub topology: Option<AppliedTopology>,
     pub journal: BTreeMap<RequestId, Journaled>,
     /// What the journal holds, kept as it changes ([`ClusterState::journal_usage`]);
     /// recomputed from the journal on restore.
@@ -208,6 +234,7 @@ pub struct Summary {
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
     pub rollouts: BTreeMap<String, Rollout>,
+    pub topology: Option<AppliedTopology>,
 }
 
 impl Summary {
@@ -226,6 +253,7 @@ impl ClusterState {
             groups: self.groups.clone(),
             models: self.models.clone(),
             rollouts: self.rollouts.clone(),
+            topology: self.topology.clone(),
         }
     }
 
@@ -259,6 +287,12 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::Model { name, record } => {
+                if self.topology.is_some() {
+                    // A leader recording its file's models, which an applied topology
+                    // replaced: the applied one stands.
+                    let reason = "an applied topology names the models".to_string();
+                    return Outcome::Refused { reason };
+                }
                 self.models.insert(name.clone(), record.clone());
                 Outcome::Applied
             }
@@ -361,7 +395,38 @@ impl ClusterState {
                 Outcome::Applied
             }
             Command::Rollout(command) => self.rollout(command),
+            Command::Topology {
+                generation,
+                path,
+                text,
+                models,
+            } => {
+                let current = self.topology.as_ref().map_or(0, |t| t.generation);
+                if *generation != current + 1 {
+                    let reason = format!(
+                        "another topology was applied meanwhile (generation {current}): \
+                         apply yours again"
+                    );
+                    return Outcome::Refused { reason };
+                }
+                self.topology = Some(AppliedTopology {
+                    generation: *generation,
+                    path: path.clone(),
+                    text: text.clone(),
+                });
+                self.forget_unlisted(models);
+                Outcome::Applied
+            }
         }
+    }
+
+    /// `models` replace the recorded ones, and what they no longer name (groups, models
+    /// and their versions) is forgotten.
+    fn forget_unlisted(&mut self, models: &BTreeMap<String, ModelRecord>) {
+        self.models = models.clone();
+        self.rollouts.retain(|name, _| models.contains_key(name));
+        self.groups
+            .retain(|name, _| models.values().any(|m| m.groups.contains(name)));
     }
 
     /// Applies a rollout command to its model's versions, all or nothing.

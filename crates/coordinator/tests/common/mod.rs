@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tessera_comm::proto::{Epoch, ErrorClass, FinishReason, WireError};
 use tessera_coordinator::api::drain::Drain;
-use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel};
+use tessera_coordinator::api::{self, ApiKeys, ApiLimits, ApiState, ServedModel, ServedModels};
 use tessera_coordinator::engine::{
     BoxFuture, ClusterStatus, Engine, GenerateRequest, GroupStatus, Resumed, ShardStatus,
     TokenEvent, TokenLogprobs, TokenStream,
@@ -312,7 +312,7 @@ pub fn app_with_keys(engine: Arc<MockEngine>, api_keys: ApiKeys) -> Router {
 
 pub fn app_with_limits(engine: Arc<MockEngine>, api_keys: ApiKeys, limits: ApiLimits) -> Router {
     api::router(ApiState {
-        models: models(),
+        models: Arc::new(ServedModels::new(models())),
         engine,
         api_keys,
         limits,

@@ -12,6 +12,7 @@
 //! | 1 | the state, no header |
 //! | 2 | the header; [`GroupRecord::drained`] |
 //! | 3 | [`ClusterState::rollouts`] |
+//! | 4 | [`ClusterState::topology`] |
 //!
 //! A version newer than [`VERSION`] is refused with a message saying to upgrade.
 
@@ -28,7 +29,7 @@ use super::{ModelRecord, RequestId, ShardRecord};
 const MAGIC: [u8; 4] = [0xff, b'T', b'S', b'S'];
 
 /// The version [`encode`] writes.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 const HEADER_BYTES: usize = MAGIC.len() + 1;
 
@@ -46,6 +47,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ClusterState, CommError> {
     let mut state: ClusterState = match bytes.strip_prefix(&MAGIC) {
         None => wire::decode_large::<v1::ClusterState>(bytes, limit)?.into(),
         Some([VERSION, body @ ..]) => wire::decode_large(body, limit)?,
+        Some([3, body @ ..]) => wire::decode_large::<v3::ClusterState>(body, limit)?.into(),
         Some([2, body @ ..]) => wire::decode_large::<v2::ClusterState>(body, limit)?.into(),
         Some([version, ..]) => {
             return Err(CommError::Decode {
@@ -65,6 +67,37 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ClusterState, CommError> {
     Ok(state)
 }
 
+/// The state as version 3 wrote it: no applied topology.
+mod v3 {
+    use super::*;
+    use crate::replication::state::Rollout;
+
+    #[derive(Debug, Default, Serialize, Deserialize)]
+    pub struct ClusterState {
+        pub applied: u64,
+        pub members: BTreeMap<PeerId, Member>,
+        pub groups: BTreeMap<String, GroupRecord>,
+        pub models: BTreeMap<String, ModelRecord>,
+        pub rollouts: BTreeMap<String, Rollout>,
+        pub journal: BTreeMap<RequestId, Journaled>,
+    }
+}
+
+impl From<v3::ClusterState> for ClusterState {
+    fn from(old: v3::ClusterState) -> ClusterState {
+        ClusterState {
+            applied: old.applied,
+            members: old.members,
+            groups: old.groups,
+            models: old.models,
+            rollouts: old.rollouts,
+            topology: None,
+            journal: old.journal,
+            usage: JournalUsage::default(),
+        }
+    }
+}
+
 /// The state before version 3, with the group record of its version: no rollouts.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Before3<G> {
@@ -82,15 +115,15 @@ mod v2 {
 
 impl From<v2::ClusterState> for ClusterState {
     fn from(old: v2::ClusterState) -> ClusterState {
-        ClusterState {
+        v3::ClusterState {
             applied: old.applied,
             members: old.members,
             groups: old.groups,
             models: old.models,
             rollouts: BTreeMap::new(),
             journal: old.journal,
-            usage: JournalUsage::default(),
         }
+        .into()
     }
 }
 
@@ -232,6 +265,35 @@ mod tests {
         assert_eq!(outcome, super::super::Outcome::Applied);
         let restored = decode(&encode(&state).unwrap()).unwrap();
         assert_eq!(restored.rollouts["m"].stable, 2);
+        assert_eq!(restored, state);
+    }
+
+    #[test]
+    fn a_version_3_snapshot_restores_without_a_topology_and_one_applied_survives() {
+        let old: ClusterState = sample_v1().into();
+        let v3 = v3::ClusterState {
+            applied: old.applied,
+            members: old.members.clone(),
+            groups: old.groups.clone(),
+            models: old.models.clone(),
+            rollouts: old.rollouts.clone(),
+            journal: old.journal.clone(),
+        };
+        let mut bytes = MAGIC.to_vec();
+        bytes.push(3);
+        bytes.extend(wire::encode_large(&v3, MAX_SNAPSHOT_BYTES).unwrap());
+        let mut state = decode(&bytes).expect("a version 3 snapshot restores");
+        assert_eq!(state, old);
+        assert!(state.topology.is_none());
+        let apply = super::super::Command::Topology {
+            generation: 1,
+            path: "/t/topology.toml".into(),
+            text: "# the text".into(),
+            models: old.models.clone(),
+        };
+        assert_eq!(state.apply(42, &apply), super::super::Outcome::Applied);
+        let restored = decode(&encode(&state).unwrap()).unwrap();
+        assert_eq!(restored.topology.as_ref().unwrap().generation, 1);
         assert_eq!(restored, state);
     }
 

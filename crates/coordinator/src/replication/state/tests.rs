@@ -168,6 +168,18 @@ fn random_command(rng: &mut StdRng) -> Command {
             running: vec![format!("r{}", rng.random_range(0..6))],
         },
         4 => Command::Reopen { id },
+        6 if rng.random_bool(0.2) => Command::Topology {
+            generation: 1,
+            path: "/t/topology.toml".into(),
+            text: format!("# {}", rng.random_range(0..3)),
+            models: BTreeMap::from([(
+                format!("m{}", rng.random_range(0..2)),
+                ModelRecord {
+                    path: "/models/0".into(),
+                    groups: vec!["g".into()],
+                },
+            )]),
+        },
         5 => Command::Fence {
             group: "g".into(),
             epoch: rng.random_range(0..5),
@@ -389,4 +401,71 @@ fn only_an_end_without_a_reason_can_be_reopened() {
     assert_eq!(s.journal["cut"].finished, None);
     assert_eq!(s.journal_usage().open, 2);
     assert_eq!(s.journal_usage(), JournalUsage::of(&s.journal));
+}
+
+#[test]
+fn an_applied_topology_replaces_the_models_and_forgets_what_it_drops() {
+    let record = |path: &str, groups: &[&str]| ModelRecord {
+        path: path.into(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+    };
+    let model = |name: &str, record: ModelRecord| Command::Model {
+        name: name.into(),
+        record,
+    };
+    let fence = |group: &str| Command::Fence {
+        group: group.into(),
+        epoch: 1,
+    };
+    let deploy = Command::Rollout(RolloutCommand::Deploy {
+        model: "old".into(),
+        path: "/old-2".into(),
+        canary: None,
+        at_ms: 1,
+    });
+    let apply = |generation: u64, models: &[(&str, ModelRecord)]| Command::Topology {
+        generation,
+        path: "/t/topology.toml".into(),
+        text: "# text".into(),
+        models: (models.iter())
+            .map(|(n, r)| (n.to_string(), r.clone()))
+            .collect(),
+    };
+    let mut s = ClusterState::default();
+    let outcomes = run(
+        &mut s,
+        &[
+            model("old", record("/old", &["a"])),
+            model("kept", record("/kept", &["b"])),
+            fence("a"),
+            fence("b"),
+            deploy,
+            apply(1, &[("kept", record("/kept", &["b"])), ("new", record("/new", &["c"]))]),
+            model("old", record("/old", &["a"])),
+        ],
+    );
+    assert!(outcomes[..6].iter().all(|o| *o == Outcome::Applied), "{outcomes:?}");
+    assert!(
+        matches!(&outcomes[6], Outcome::Refused { reason } if reason.contains("applied topology")),
+        "a leader's file no longer records models: {outcomes:?}"
+    );
+    assert_eq!(s.models.keys().collect::<Vec<_>>(), ["kept", "new"]);
+    assert!(s.rollouts.is_empty(), "the dropped model's versions go with it");
+    assert_eq!(s.groups.keys().collect::<Vec<_>>(), ["b"], "group a is forgotten");
+    let applied = s.summary().topology.expect("the summary carries it");
+    assert_eq!((applied.generation, applied.text.as_str()), (1, "# text"));
+    let outcomes = run(
+        &mut s,
+        &[
+            apply(1, &[]),
+            apply(2, &[("kept", record("/kept", &["b"]))]),
+        ],
+    );
+    assert!(
+        matches!(&outcomes[0], Outcome::Refused { reason } if reason.contains("apply yours again")),
+        "checked against an older topology: {outcomes:?}"
+    );
+    assert_eq!(outcomes[1], Outcome::Applied);
+    assert_eq!(s.topology.as_ref().unwrap().generation, 2);
+    assert_eq!(s.models.keys().collect::<Vec<_>>(), ["kept"]);
 }
