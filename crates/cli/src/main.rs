@@ -5,7 +5,8 @@
 //!   running server with `--url`.
 //! - `tessera bench`: load a running OpenAI-compatible server (ours or another) and report
 //!   latencies and throughput.
-//! - `tessera topology check`: validate a topology file and print the plan.
+//! - `tessera topology check`: validate a topology file and print the plan; `topology
+//!   apply`: make it the running cluster's (groups and models added and removed).
 //! - `tessera certs init`: make a cluster's CA and certificates; `certs issue`: one more
 //!   from that CA.
 //! - `tessera cluster`: list, add or remove coordinator peers; `tessera drain`: drain one
@@ -26,6 +27,7 @@ mod group_cmd;
 mod http;
 mod model_cmd;
 mod remote;
+mod topology_apply;
 mod topology_cmd;
 mod up;
 
@@ -70,6 +72,9 @@ enum Command {
 enum TopologyCommand {
     /// Validate a topology file and print each group's plan, or every error found.
     Check(topology_cmd::CheckArgs),
+    /// Make a topology file the running cluster's: start the groups and models it adds,
+    /// drain and stop the ones it drops, leave the others untouched.
+    Apply(topology_apply::ApplyArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Topology(TopologyCommand::Check(args)) => topology_cmd::check(args),
+        Command::Topology(TopologyCommand::Apply(args)) => topology_apply::apply(args),
         Command::Certs(CertsCommand::Init(args)) => certs_cmd::init(args),
         Command::Certs(CertsCommand::Issue(args)) => certs_cmd::issue(args),
         Command::Cluster(args) => cluster_cmd::run(args),

@@ -80,14 +80,20 @@ pub enum ModelCommand {
 pub struct Wait {
     /// Return once the change is committed, without waiting for the groups.
     #[arg(long)]
-    no_wait: bool,
+    pub no_wait: bool,
     /// Give up waiting after this many seconds (the change stays).
     #[arg(long, value_name = "SECONDS", default_value_t = 900)]
     timeout: u64,
 }
 
+impl Wait {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
 /// How often the groups' versions are asked for.
-const POLL: Duration = Duration::from_millis(500);
+pub const POLL: Duration = Duration::from_millis(500);
 
 pub fn run(args: &ModelArgs) -> anyhow::Result<ExitCode> {
     let options = ClientOptions {
@@ -132,7 +138,7 @@ pub fn run(args: &ModelArgs) -> anyhow::Result<ExitCode> {
         eprintln!("{}", event["what"].as_str().unwrap_or_default());
     }
     if !wait.no_wait {
-        wait_moved(&client, name, Duration::from_secs(wait.timeout))?;
+        wait_moved(&client, name, wait.timeout())?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -66,7 +66,9 @@ impl ServedModels {
         let before = self.all();
         let mut warming = self.warming.lock().unwrap_or_else(PoisonError::into_inner);
         warming.retain(|name| models.iter().any(|m| &m.name == name));
-        let added = models.iter().filter(|m| !before.iter().any(|b| b.name == m.name));
+        let added = models
+            .iter()
+            .filter(|m| !before.iter().any(|b| b.name == m.name));
         warming.extend(added.map(|m| m.name.clone()));
         *self.models.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(models);
     }
@@ -170,12 +172,21 @@ mod tests {
     #[test]
     fn a_model_added_later_counts_for_readiness_once_it_was_ready() {
         let models = ServedModels::new(vec![model("a")]);
-        assert!(!models.lets_ready("a", false), "served from the start: waited for");
+        assert!(
+            !models.lets_ready("a", false),
+            "served from the start: waited for"
+        );
         models.replace(vec![model("a"), model("b")]);
         assert_eq!(models.get("b").map(|m| m.name), Some("b".into()));
-        assert!(models.lets_ready("b", false), "still loading: not waited for");
+        assert!(
+            models.lets_ready("b", false),
+            "still loading: not waited for"
+        );
         assert!(models.lets_ready("b", true));
-        assert!(!models.lets_ready("b", false), "ready once: counted from now on");
+        assert!(
+            !models.lets_ready("b", false),
+            "ready once: counted from now on"
+        );
         models.replace(vec![model("b")]);
         assert!(models.get("a").is_none());
     }

@@ -116,8 +116,7 @@ impl Leadership {
             }
             retiring.retain(|name| running.iter().any(|g| &g.name == name));
             for group in running {
-                if topology.group(&group.name).is_some() || !retiring.insert(group.name.clone())
-                {
+                if topology.group(&group.name).is_some() || !retiring.insert(group.name.clone()) {
                     continue;
                 }
                 let cluster = cluster.clone();
@@ -153,9 +152,7 @@ async fn check_models(next: &Topology, change: &TopologyChange) -> Result<(), Wi
         let meta = tokio::task::spawn_blocking(move || loader::load_metadata(&path))
             .await
             .map_err(|e| refused(e.to_string()))?
-            .map_err(|e| {
-                refused(format!("model `{name}` at {}: {e}", model.path.display()))
-            })?;
+            .map_err(|e| refused(format!("model `{name}` at {}: {e}", model.path.display())))?;
         let issues: Vec<String> = (next.check_model(name, &meta.config.shape()).iter())
             .filter(|i| i.severity == Severity::Error)
             .map(ToString::to_string)

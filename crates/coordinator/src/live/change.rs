@@ -44,13 +44,17 @@ impl TopologyChange {
                 .collect()
         };
         if peers(current) != peers(next) {
-            return Err("the coordinator peers differ from the cluster's: keep them as they \
+            return Err(
+                "the coordinator peers differ from the cluster's: keep them as they \
                         are, and add or remove a peer with `tessera cluster add|remove`"
-                .into());
+                    .into(),
+            );
         }
         for model in &next.models {
             if let Some(old) = current.model(&model.name)
-                && (old.path != model.path || old.format != model.format || old.dtype != model.dtype)
+                && (old.path != model.path
+                    || old.format != model.format
+                    || old.dtype != model.dtype)
             {
                 return Err(format!(
                     "model `{}` changes its files ({} to {}): keep them, and deploy a new \
@@ -81,7 +85,12 @@ impl TopologyChange {
         };
         let touched = (change.added_groups.iter())
             .filter_map(|g| next.group(g))
-            .chain(change.removed_groups.iter().filter_map(|g| current.group(g)))
+            .chain(
+                change
+                    .removed_groups
+                    .iter()
+                    .filter_map(|g| current.group(g)),
+            )
             .map(|g| &g.model);
         if let Some(model) = touched.into_iter().find(|m| canaries.contains(m)) {
             return Err(format!(

@@ -440,18 +440,34 @@ fn an_applied_topology_replaces_the_models_and_forgets_what_it_drops() {
             fence("a"),
             fence("b"),
             deploy,
-            apply(1, &[("kept", record("/kept", &["b"])), ("new", record("/new", &["c"]))]),
+            apply(
+                1,
+                &[
+                    ("kept", record("/kept", &["b"])),
+                    ("new", record("/new", &["c"])),
+                ],
+            ),
             model("old", record("/old", &["a"])),
         ],
     );
-    assert!(outcomes[..6].iter().all(|o| *o == Outcome::Applied), "{outcomes:?}");
+    assert!(
+        outcomes[..6].iter().all(|o| *o == Outcome::Applied),
+        "{outcomes:?}"
+    );
     assert!(
         matches!(&outcomes[6], Outcome::Refused { reason } if reason.contains("applied topology")),
         "a leader's file no longer records models: {outcomes:?}"
     );
     assert_eq!(s.models.keys().collect::<Vec<_>>(), ["kept", "new"]);
-    assert!(s.rollouts.is_empty(), "the dropped model's versions go with it");
-    assert_eq!(s.groups.keys().collect::<Vec<_>>(), ["b"], "group a is forgotten");
+    assert!(
+        s.rollouts.is_empty(),
+        "the dropped model's versions go with it"
+    );
+    assert_eq!(
+        s.groups.keys().collect::<Vec<_>>(),
+        ["b"],
+        "group a is forgotten"
+    );
     let applied = s.summary().topology.expect("the summary carries it");
     assert_eq!((applied.generation, applied.text.as_str()), (1, "# text"));
     let outcomes = run(
