@@ -75,6 +75,9 @@ pub const MODEL_CANARY_PERCENT: &str = "tessera_model_canary_percent";
 /// Rollbacks of a model's version, by `cause`: automatic (a failing canary) or manual
 /// (counter).
 pub const MODEL_ROLLBACKS: &str = "tessera_model_rollbacks_total";
+/// The generation of the topology this peer follows: 0 for its file, then one more for
+/// each topology applied (gauge).
+pub const TOPOLOGY_GENERATION: &str = "tessera_topology_generation";
 
 /// Requests in the replicated journal, open or finished (gauge).
 pub const JOURNAL_ENTRIES: &str = "tessera_journal_entries";

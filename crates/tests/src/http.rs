@@ -26,6 +26,16 @@ pub fn post_with(
     body: &Value,
     headers: &[(&str, &str)],
 ) -> anyhow::Result<(u16, Value)> {
+    post_as(TEST_API_KEY, url, body, headers)
+}
+
+/// [`post_with`] with API key `key` (the admin key, say).
+pub fn post_as(
+    key: &str,
+    url: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, Value)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(120)))
@@ -33,7 +43,7 @@ pub fn post_with(
         .into();
     let mut request = agent
         .post(url)
-        .header("Authorization", &format!("Bearer {TEST_API_KEY}"));
+        .header("Authorization", &format!("Bearer {key}"));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -50,6 +60,11 @@ pub fn post_with(
 
 /// `GET url` with the test key: the status and the JSON answer.
 pub fn get(url: &str) -> anyhow::Result<(u16, Value)> {
+    get_as(TEST_API_KEY, url)
+}
+
+/// [`get`] with API key `key` (the admin key, say).
+pub fn get_as(key: &str, url: &str) -> anyhow::Result<(u16, Value)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(30)))
@@ -57,7 +72,7 @@ pub fn get(url: &str) -> anyhow::Result<(u16, Value)> {
         .into();
     let mut response = agent
         .get(url)
-        .header("Authorization", &format!("Bearer {TEST_API_KEY}"))
+        .header("Authorization", &format!("Bearer {key}"))
         .call()
         .with_context(|| format!("GET {url}"))?;
     let status = response.status().as_u16();

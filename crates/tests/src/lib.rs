@@ -27,8 +27,8 @@ mod probe;
 pub mod up;
 
 pub use http::{
-    SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, metric, post, post_with, read_sse, sse, token_ids,
-    wait_ready,
+    SseEvent, TEST_ADMIN_KEY, TEST_API_KEY, get, get_as, metric, post, post_as, post_with,
+    read_sse, sse, token_ids, wait_ready,
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;

@@ -22,25 +22,14 @@ use serde_json::{Value, json};
 use tessera_comm::certs::{Identity, issue_one};
 use tessera_tests::failover::{kill_leader, wait_for_leader};
 use tessera_tests::{
-    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, free_port, get, post, sse,
-    wait_ready,
+    Cluster, GroupSpec, TEST_ADMIN_KEY, TEST_API_KEY, bin, fixture, free_port, get, get_as, post,
+    sse, wait_ready,
 };
 use tessera_topology::Rank;
 
 /// `POST url` with `key`: the status and the JSON answer.
 fn post_as(key: &str, url: &str, body: &Value) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
-    let mut response = agent
-        .post(url)
-        .header("Authorization", &format!("Bearer {key}"))
-        .send_json(body)
-        .expect("POST");
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_json().expect("JSON"))
+    tessera_tests::post_as(key, url, body, &[]).expect("POST")
 }
 
 /// `POST /v1/cluster/topology` with the admin key.
@@ -333,17 +322,7 @@ fn the_applied_topology_outlives_its_leader_and_wins_over_a_restarted_peers_file
 }
 
 fn get_admin(url: &str) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent
-        .get(format!("{url}/v1/cluster/topology"))
-        .header("Authorization", &format!("Bearer {TEST_ADMIN_KEY}"))
-        .call()
-        .expect("GET /v1/cluster/topology");
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_json().expect("JSON"))
+    get_as(TEST_ADMIN_KEY, &format!("{url}/v1/cluster/topology")).expect("GET")
 }
 
 /// Whether process `name` exited successfully within `within` (`None`: still running).

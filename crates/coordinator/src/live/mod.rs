@@ -15,6 +15,7 @@ use tessera_topology::Topology;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::metrics as m;
 use crate::replication::node::NodeHandle;
 use crate::replication::state::AppliedTopology;
 
@@ -53,6 +54,7 @@ impl LiveTopology {
         tokio::spawn(async move {
             let mut summary = node.summary();
             let mut generation = 0;
+            metrics::gauge!(m::TOPOLOGY_GENERATION).set(0.0);
             loop {
                 let applied = summary.borrow_and_update().topology.clone();
                 if let Some(applied) = applied.filter(|a| a.generation != generation) {
@@ -61,6 +63,7 @@ impl LiveTopology {
                         Ok(topology) => {
                             info!(generation, path = %applied.path, "topology applied");
                             now.send_replace(Arc::new(topology));
+                            metrics::gauge!(m::TOPOLOGY_GENERATION).set(generation as f64);
                         }
                         Err(error) => warn!(generation, %error, "applied topology unreadable"),
                     }
