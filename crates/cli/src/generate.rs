@@ -54,6 +54,10 @@ pub struct GenerateArgs {
     /// Compute threads (default: all cores).
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
+    /// `exact` (f32 activations, token for token with transformers) or `fast` (8-bit
+    /// activations and integer dot products on Q8_0, Q4_0 and Q4_1 weights, as llama.cpp).
+    #[arg(long, env = "TESSERA_PRECISION", default_value = "exact")]
+    pub precision: tessera_topology::Precision,
     /// Do not stop at the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -84,6 +88,7 @@ struct JsonOutput {
     prefill_tokens_per_s: f64,
     decode_tokens_per_s: f64,
     threads: usize,
+    precision: &'static str,
 }
 
 pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
@@ -106,7 +111,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         .num_threads(threads)
         .build()
         .context("starting the compute threads")?;
-    let model = load(args.model_path())?;
+    let mut model = load(args.model_path())?;
+    model.llama.set_precision(args.precision);
     let prompt = prompt_tokens(args, &model)?;
     let mut stop_tokens = Vec::new();
     if !args.ignore_eos {
@@ -163,6 +169,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
             prefill_tokens_per_s: prefill,
             decode_tokens_per_s: decode,
             threads,
+            precision: args.precision.as_str(),
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {

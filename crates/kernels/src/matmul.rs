@@ -4,11 +4,35 @@
 //! Weights stay in their stored type: each row is dotted block by block with a group of
 //! vectors at a time (see [`crate::cpu::BatchDot`]), so a quantized model is never expanded
 //! to f32 in memory, and a vector's result does not depend on the batch it came in.
+//!
+//! Two precisions ([`Precision`]): `exact` keeps activations in f32 (the reference, and
+//! what agrees with transformers token for token); `fast` quantizes them per 32-value
+//! block to 8 bits and dots them with the weights in integers, as llama.cpp does, where
+//! the weight type has such a kernel ([`crate::cpu::int8`]); other types stay exact.
 
 use rayon::prelude::*;
 
 use crate::cpu::BatchDot;
+use crate::cpu::int8::{self, Q8Acts};
 use crate::{DType, KernelError, quant};
+
+/// How activations meet the weights in [`matmul_in`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 activations: the reference arithmetic.
+    #[default]
+    Exact,
+    /// 8-bit activations per 32-value block and integer dot products, for Q8_0, Q4_0 and
+    /// Q4_1 weights; exact for the others.
+    Fast,
+}
+
+impl Precision {
+    /// Whether a matrix of `dtype` with `cols` columns takes the 8-bit path.
+    pub fn quantizes(self, dtype: DType, cols: usize) -> bool {
+        self == Precision::Fast && int8::supports(dtype) && cols.is_multiple_of(int8::BLOCK)
+    }
+}
 
 /// A borrowed row-major weight matrix: `rows` rows of `cols` values of `dtype`.
 #[derive(Clone, Copy, Debug)]
@@ -91,13 +115,43 @@ const TILE_BYTES: usize = 16 << 10;
 /// does not touch any one dot product. Batch invariance holds per code path: the AVX2 and
 /// the scalar paths round differently.
 pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelError> {
+    matmul_in(w, xs, ys, Precision::Exact)
+}
+
+/// [`matmul`] in `precision`. Batch invariant in both (a vector's 8-bit blocks depend on
+/// its own values only).
+pub fn matmul_in(
+    w: &MatRef<'_>,
+    xs: &[f32],
+    ys: &mut [f32],
+    precision: Precision,
+) -> Result<(), KernelError> {
     let n = check_lengths(w, xs, ys)?;
     if n == 0 || w.rows == 0 {
         return Ok(());
     }
+    if precision.quantizes(w.dtype, w.cols) {
+        let acts = Q8Acts::quantize(xs, w.cols)?;
+        let dot = |rows: &[u8], first, count, out: &mut [f32]| {
+            acts.dot_rows(w.dtype, rows, first, count, out)
+        };
+        return by_rows(w, n, Q8Acts::GROUP, ys, dot);
+    }
     let dots = BatchDot::new(xs, w.cols, w.dtype)?;
+    let dot = |rows: &[u8], first, count, out: &mut [f32]| dots.dot_rows(rows, first, count, out);
+    by_rows(w, n, dots.group(), ys, dot)
+}
+
+/// Splits `w`'s rows across the pool and calls `dot(rows, first, count, out)` for groups of
+/// `group` vectors over tiles of rows (`out`: the tile's `n` results per row).
+fn by_rows(
+    w: &MatRef<'_>,
+    n: usize,
+    group: usize,
+    ys: &mut [f32],
+    dot: impl Fn(&[u8], usize, usize, &mut [f32]) -> Result<(), KernelError> + Sync,
+) -> Result<(), KernelError> {
     let per_task = (w.rows / (rayon::current_num_threads() * 4)).max(MIN_ROWS_PER_TASK);
-    let group = dots.group();
     // One group (decode): nothing to reuse the tile for, so a task's rows are one call.
     let tile_rows = if n <= group {
         per_task
@@ -120,7 +174,7 @@ pub fn matmul(w: &MatRef<'_>, xs: &[f32], ys: &mut [f32]) -> Result<(), KernelEr
                 let r = r0 + tile * tile_rows;
                 let rows = &w.data[r * row_bytes..(r + out.len() / n) * row_bytes];
                 for first in (0..n).step_by(group) {
-                    dots.dot_rows(rows, first, group.min(n - first), out)?;
+                    dot(rows, first, group.min(n - first), out)?;
                 }
             }
             Ok::<(), KernelError>(())

@@ -1,4 +1,5 @@
-//! Batch invariance of `matmul` on the scalar path (its own process: the path is chosen once).
+//! Batch invariance of `matmul` on the scalar path, exact and fast (its own process: the
+//! path is chosen once).
 
 use tessera_kernels::cpu::Features;
 
@@ -12,4 +13,5 @@ fn scalar_batched_matmul_is_bitwise_the_single_vector_product() {
     );
     assert!(!Features::get().avx2);
     common::check_batch_invariance(0x5ca1, 6);
+    common::check_fast_batch_invariance(0x5ca2, 6);
 }

@@ -40,10 +40,10 @@ use std::ops::Range;
 use tessera_comm::Collective;
 use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
 use tessera_kernels::attention::{KvLayout, paged_attention};
-use tessera_kernels::matmul::matmul;
+use tessera_kernels::matmul::{Precision as KernelPrecision, matmul_in};
 use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
-use tessera_topology::RankPlan;
+use tessera_topology::{Precision, RankPlan};
 
 use crate::batch::BatchIndex;
 #[cfg(doc)]
@@ -64,10 +64,15 @@ pub(crate) struct Linear {
 
 impl Linear {
     /// `ys = W·xs (+ bias)` for `xs.len() / cols` tokens.
-    fn apply(&self, xs: &[f32], ys: &mut Vec<f32>) -> Result<(), ModelError> {
+    fn apply(
+        &self,
+        xs: &[f32],
+        ys: &mut Vec<f32>,
+        precision: KernelPrecision,
+    ) -> Result<(), ModelError> {
         let n = xs.len() / self.weight.cols;
         ys.resize(n * self.weight.rows, 0.0);
-        matmul(&self.weight.mat(), xs, ys)?;
+        matmul_in(&self.weight.mat(), xs, ys, precision)?;
         if let Some(bias) = &self.bias {
             for y in ys.chunks_exact_mut(bias.len()) {
                 y.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
@@ -110,6 +115,7 @@ struct Pass<'a> {
     /// This rank's query heads and KV heads.
     heads: usize,
     kv_heads: usize,
+    precision: KernelPrecision,
 }
 
 impl Layer {
@@ -129,9 +135,10 @@ impl Layer {
         for (x, h) in s.x.chunks_exact(hidden).zip(s.h.chunks_exact_mut(hidden)) {
             rms_norm(x, &self.attn_norm, c.rms_norm_eps, h);
         }
-        self.q.apply(&s.h, &mut s.q)?;
-        self.k.apply(&s.h, &mut s.k)?;
-        self.v.apply(&s.h, &mut s.v)?;
+        let p = pass.precision;
+        self.q.apply(&s.h, &mut s.q, p)?;
+        self.k.apply(&s.h, &mut s.k, p)?;
+        self.v.apply(&s.h, &mut s.v, p)?;
         let q_len = pass.heads * c.head_dim;
         let kv_len = pass.kv_heads * c.head_dim;
         let rows =
@@ -159,20 +166,20 @@ impl Layer {
             &c.block.attention(l),
             &mut s.attn,
         );
-        self.o.apply(&s.attn, &mut s.o)?;
+        self.o.apply(&s.attn, &mut s.o, p)?;
         comm.all_reduce_sum(&mut s.o)?;
         post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
         let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
         for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
             add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
         }
-        self.gate.apply(&s.h, &mut s.gate)?;
-        self.up.apply(&s.h, &mut s.up)?;
+        self.gate.apply(&s.h, &mut s.gate, p)?;
+        self.up.apply(&s.h, &mut s.up, p)?;
         match c.block.activation {
             Activation::Silu => silu_mul(&mut s.gate, &s.up),
             Activation::GeluTanh => gelu_tanh_mul(&mut s.gate, &s.up),
         }
-        self.down.apply(&s.gate, &mut s.down)?;
+        self.down.apply(&s.gate, &mut s.down, p)?;
         comm.all_reduce_sum(&mut s.down)?;
         post_norm(&mut s.down, self.post_ffn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
@@ -220,6 +227,8 @@ pub struct Llama {
     weight_bytes: usize,
     /// Tensors whose column slice was not block-aligned and was dequantized to f32.
     dequantized: Vec<String>,
+    /// How its CPU matmuls treat activations (the GPU path ignores it).
+    precision: Precision,
 }
 
 /// Activations of one forward pass, reused across layers.
@@ -245,6 +254,22 @@ impl Llama {
     /// The slice of the model this rank holds.
     pub fn plan(&self) -> &RankPlan {
         &self.sharding.plan
+    }
+
+    /// Computes in `precision` from now on (on the CPU; see [`Precision`]).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn kernel_precision(&self) -> KernelPrecision {
+        match self.precision {
+            Precision::Exact => KernelPrecision::Exact,
+            Precision::Fast => KernelPrecision::Fast,
+        }
     }
 
     /// Ranks in this model's tensor-parallel group.
@@ -331,6 +356,7 @@ impl Llama {
             visible,
             heads: plan.heads.len(),
             kv_heads: plan.kv_heads.len(),
+            precision: self.kernel_precision(),
         };
         for (l, layer) in self.layers.iter().enumerate() {
             layer.run(l, &pass, &mut s, cache, comm)?;
@@ -419,7 +445,7 @@ impl Llama {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut rows = vec![0.0; n * head.rows];
-        matmul(&head.mat(), normed, &mut rows)?;
+        matmul_in(&head.mat(), normed, &mut rows, self.kernel_precision())?;
         let mut logits = self.sharding.gather_logits(&rows, n, comm)?;
         if let Some(cap) = self.config.block.final_softcap {
             // After the gather: a cap would turn the padding's −∞ into −cap.

@@ -28,7 +28,7 @@ use tessera_kernels::sampling::SamplingParams;
 use tessera_model::generate::{GenerationRequest, generate_in_group};
 use tessera_model::kv_cache::{DEFAULT_BLOCK_SIZE, KvCache, SeqCache};
 use tessera_model::{ModelConfig, ModelError, loader};
-use tessera_topology::plan_group;
+use tessera_topology::{Precision, plan_group};
 
 mod common;
 use common::{expected, fixtures};
@@ -67,6 +67,17 @@ struct RankOutcome {
 /// Loads `path` on `tp` ranks (threads) and greedy-generates `max_tokens` for each prompt on
 /// every rank; checks that all ranks agree bit for bit and returns each rank's outcome.
 fn run_group(path: &Path, tp: usize, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<RankOutcome> {
+    run_group_in(path, tp, prompts, max_tokens, Precision::Exact)
+}
+
+/// [`run_group`] in `precision`.
+fn run_group_in(
+    path: &Path,
+    tp: usize,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    precision: Precision,
+) -> Vec<RankOutcome> {
     let config = ModelConfig::from_path(path).unwrap();
     let plans = plan_group(tp, &config.shape()).unwrap();
     let collective = CollectiveConfig {
@@ -80,7 +91,8 @@ fn run_group(path: &Path, tp: usize, prompts: &[Vec<u32>], max_tokens: usize) ->
         .map(|(mut comm, plan)| {
             let (path, prompts) = (path.to_path_buf(), Arc::clone(&prompts));
             thread::spawn(move || {
-                let llama = loader::load_rank(&path, &plan, tp).unwrap();
+                let mut llama = loader::load_rank(&path, &plan, tp).unwrap();
+                llama.set_precision(precision);
                 let mut decode_time = Duration::ZERO;
                 let runs = prompts
                     .iter()
@@ -221,6 +233,48 @@ fn quantized_gguf_at_tp2_keeps_block_aligned_slices() {
         assert!(outcomes.iter().all(|o| o.dequantized == 0), "{variant}");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The `fast` precision (8-bit activations per 32-value block) on Q8_0, Q4_0 and Q4_1 at
+/// tp = 2, whose column slices are whole blocks: every rank agrees (checked by
+/// `run_group`), the tokens equal tp = 1's in `fast`, and the logits are within
+/// [`LOGIT_TOLERANCE`] of them; `fast` does change the logits, by at most 5% of their
+/// largest magnitude (about what Q8_0 weights change in `exact`).
+#[test]
+fn fast_precision_is_tp_invariant_on_block_aligned_splits() {
+    let prompts = expected("llama-gqa").prompts;
+    for variant in ["Q8_0", "Q4_0", "Q4_1"] {
+        let path = fixtures()
+            .join("llama-gqa")
+            .join(format!("model.{variant}.gguf"));
+        let fast = |tp| run_group_in(&path, tp, &prompts, 8, Precision::Fast).remove(0);
+        let (one, two) = (fast(1), fast(2));
+        let exact = run_group(&path, 1, &prompts, 8).remove(0);
+        let f32_model = run_group(&fixtures().join("llama-gqa/model.F32.gguf"), 1, &prompts, 8);
+        for (((a, b), e), f) in one
+            .runs
+            .iter()
+            .zip(&two.runs)
+            .zip(&exact.runs)
+            .zip(&f32_model[0].runs)
+        {
+            assert_eq!(a.tokens, b.tokens, "{variant}: fast tp 2 vs tp 1");
+            let worst = max_diff(&a.prompt_logits, &b.prompt_logits);
+            assert!(worst <= LOGIT_TOLERANCE, "{variant}: {worst:e}");
+            let moved = max_diff(&a.prompt_logits, &e.prompt_logits);
+            let weights = max_diff(&e.prompt_logits, &f.prompt_logits);
+            let range = e.prompt_logits.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            eprintln!(
+                "{variant}: fast vs exact {moved:.2e}, exact vs f32 {weights:.2e}, \
+                 max |logit| {range:.2e}, tp 2 vs 1 {worst:.2e}"
+            );
+            // Seen: 1.0 to 2.2 with logits up to 85 (Q8_0's own weight error: 0.9 to 2.4).
+            assert!(
+                moved > 0.0 && moved <= 0.05 * range,
+                "{variant}: fast moved the logits by {moved:e} (max |logit| {range:e})"
+            );
+        }
+    }
 }
 
 /// FP8 blocks carry their row's scale: rows split as they are, and columns at tp 2 (o_proj

@@ -140,6 +140,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         rank,
         tp: group.tp,
         dtype: model.dtype,
+        precision: group.precision,
         first_version: model.path.clone(),
         kv_memory_bytes: shard.kv_memory_bytes,
         #[cfg(feature = "cuda")]

@@ -32,7 +32,7 @@ pub use http::{
 };
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-pub use probe::{first_and_steady_latency, leader_seen_by, open_fds, rss};
+pub use probe::{find_pids, first_and_steady_latency, leader_seen_by, open_fds, rss, shard_pid};
 use serde_json::{Value, json};
 
 /// The repository root: `TESSERA_REPO_ROOT` where a test binary runs away from its build
@@ -148,6 +148,8 @@ pub struct GroupSpec {
     pub hosts: Vec<String>,
     /// Each rank's KV budget, as the topology writes it.
     pub kv_memory: String,
+    /// `"exact"` or `"fast"`.
+    pub precision: &'static str,
 }
 
 impl GroupSpec {
@@ -160,6 +162,7 @@ impl GroupSpec {
             collective: "shm",
             hosts: vec!["local".into(); tp],
             kv_memory: "16MiB".into(),
+            precision: "exact",
         }
     }
 }
@@ -229,8 +232,8 @@ pub fn peers_topology_text(
     for g in groups {
         let _ = write!(
             t,
-            "[[group]]\nname = \"{}\"\nmodel = \"{}\"\ntp = {}\ncollective = \"{}\"\n\n",
-            g.name, g.model, g.tp, g.collective
+            "[[group]]\nname = \"{}\"\nmodel = \"{}\"\ntp = {}\ncollective = \"{}\"\nprecision = \"{}\"\n\n",
+            g.name, g.model, g.tp, g.collective, g.precision
         );
         for (rank, host) in g.hosts.iter().enumerate() {
             let _ = write!(
@@ -554,46 +557,4 @@ impl Drop for Cluster {
             let _ = p.child.wait();
         }
     }
-}
-
-/// Processes whose command line contains every one of `needles` (as whole arguments or
-/// substrings of one), other than this test process.
-pub fn find_pids(needles: &[&str]) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids = Vec::new();
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = raw
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if pid != me && needles.iter().all(|n| args.iter().any(|a| a.contains(n))) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// A shard started by `tessera up` for `topology`: its pid, when exactly one runs.
-pub fn shard_pid(topology: &Path, group: &str, rank: usize) -> Option<i32> {
-    let topology = topology.display().to_string();
-    let rank = rank.to_string();
-    let pids: Vec<i32> = find_pids(&["tessera-shard", &topology, group])
-        .into_iter()
-        .filter(|pid| {
-            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
-            args.windows(2)
-                .any(|w| w[0] == b"--rank" && w[1] == rank.as_bytes())
-        })
-        .collect();
-    (pids.len() == 1).then(|| pids[0])
 }

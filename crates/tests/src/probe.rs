@@ -1,6 +1,7 @@
 //! What the tests read of a running cluster from outside: who leads, as a peer sees it,
-//! a process's memory and open files, and request latencies.
+//! a process's memory and open files, processes by command line, and request latencies.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -66,4 +67,46 @@ pub fn first_and_steady_latency(
     let first = times.remove(0);
     times.sort();
     (first, times[times.len() / 2])
+}
+
+/// Processes whose command line contains every one of `needles` (as whole arguments or
+/// substrings of one), other than this test process.
+pub fn find_pids(needles: &[&str]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if pid != me && needles.iter().all(|n| args.iter().any(|a| a.contains(n))) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A shard started by `tessera up` for `topology`: its pid, when exactly one runs.
+pub fn shard_pid(topology: &Path, group: &str, rank: usize) -> Option<i32> {
+    let topology = topology.display().to_string();
+    let rank = rank.to_string();
+    let pids: Vec<i32> = find_pids(&["tessera-shard", &topology, group])
+        .into_iter()
+        .filter(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+            args.windows(2)
+                .any(|w| w[0] == b"--rank" && w[1] == rank.as_bytes())
+        })
+        .collect();
+    (pids.len() == 1).then(|| pids[0])
 }

@@ -98,6 +98,59 @@ fn thirty_two_concurrent_requests_match_each_alone_on_smollm2_tp3() {
     assert_same(&alone, &concurrent, "SmolLM2", &cluster);
 }
 
+/// `precision = "fast"` reaches the shards and stays batch invariant: on SmolLM2 (one
+/// shard), 8 concurrent requests return each one's tokens alone, and the first 4 prompts'
+/// tokens are those of `tessera generate --precision fast`, where some of them differ
+/// from `--precision exact` (8-bit activations do change greedy tokens). (Across tp,
+/// `fast` is not token for token: see docs/operations.md, "Precision".)
+#[test]
+fn fast_precision_is_batch_invariant_and_matches_tessera_generate_on_smollm2() {
+    let Some(path) = demo_model() else { return };
+    let mut group = GroupSpec::local("g", "smol", &path, 1);
+    group.kv_memory = "64MiB".into();
+    group.precision = "fast";
+    let cluster = Cluster::start_local(&[group]).expect("the cluster starts");
+    let prompts = prompts(8, 49_000);
+    let (alone, concurrent) = alone_and_concurrent(&cluster, "smol", &prompts, 12);
+    assert_same(&alone, &concurrent, "SmolLM2 fast", &cluster);
+    let generate = |precision: &str, prompt: &[u32]| -> Vec<u32> {
+        let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
+        let out = std::process::Command::new(tessera_tests::bin("tessera"))
+            .args(["generate", "--model"])
+            .arg(&path)
+            .args([
+                "--prompt-tokens",
+                &ids.join(","),
+                "--max-tokens",
+                "12",
+                "--ignore-eos",
+            ])
+            .args(["--threads", "1", "--json", "--precision", precision])
+            .output()
+            .expect("tessera generate runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        serde_json::from_value(json["tokens"].clone()).expect("tokens")
+    };
+    let mut differ = 0;
+    for (prompt, served) in prompts.iter().zip(&alone).take(4) {
+        let fast = generate("fast", prompt);
+        assert_eq!(
+            *served, fast,
+            "cluster tp 3 vs tessera generate tp 1, prompt {prompt:?}"
+        );
+        differ += usize::from(generate("exact", prompt) != fast);
+    }
+    assert!(
+        differ > 0,
+        "fast gave exact's tokens on every prompt tried: is it on?"
+    );
+}
+
 #[test]
 fn preemption_under_kv_pressure_completes_every_request_unchanged() {
     let path = fixture("llama-gqa/f32");

@@ -199,6 +199,8 @@ pub enum TopologyError {
     },
     #[error("group {group}: collective = {value:?} is not one of auto, shm, tcp, nccl")]
     BadCollective { group: String, value: String },
+    #[error("group {group}: precision = {value:?} is not one of exact, fast")]
+    BadPrecision { group: String, value: String },
     #[error("{what}: device = {value:?} is not a device: {reason}")]
     BadDevice {
         what: String,
@@ -289,6 +291,7 @@ impl TopologyError {
             E::RankRange { .. } => "rank-range",
             E::DuplicateRank { .. } => "duplicate-rank",
             E::BadCollective { .. } => "bad-collective",
+            E::BadPrecision { .. } => "bad-precision",
             E::BadDevice { .. } => "bad-device",
             E::MixedDevices { .. } => "mixed-devices",
             E::SharedCudaDevice { .. } => "shared-cuda-device",
@@ -384,6 +387,11 @@ impl TopologyError {
             E::BadCollective { .. } => {
                 "set collective to \"auto\" (shm on one host, tcp across hosts, nccl on cuda), \
                  \"shm\", \"tcp\" or \"nccl\""
+                    .into()
+            }
+            E::BadPrecision { .. } => {
+                "set precision to \"exact\" (f32 activations, the reference) or \"fast\" \
+                 (8-bit activations on cpu shards)"
                     .into()
             }
             E::BadDevice { .. } => "write \"cpu\" or \"cuda:N\" with N the GPU index".into(),

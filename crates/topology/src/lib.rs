@@ -39,6 +39,6 @@ pub use read::ReadError;
 pub use spec::TopologySpec;
 pub use topology::{
     Collective, CollectiveChoice, CoordinatorPeer, Device, Group, Host, Model, ModelDtype,
-    ModelFormat, NetAddr, PeerId, Rank, Shard, Topology,
+    ModelFormat, NetAddr, PeerId, Precision, Rank, Shard, Topology,
 };
 pub use units::{format_size, parse_size};

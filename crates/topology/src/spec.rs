@@ -20,7 +20,7 @@ pub const HOST_KEYS: &[&str] = &["name", "address"];
 /// Keys of a `[[model]]` entry.
 pub const MODEL_KEYS: &[&str] = &["name", "path", "dtype"];
 /// Keys of a `[[group]]` entry.
-pub const GROUP_KEYS: &[&str] = &["name", "model", "tp", "collective", "shard"];
+pub const GROUP_KEYS: &[&str] = &["name", "model", "tp", "collective", "precision", "shard"];
 /// Keys of a `[[group.shard]]` entry.
 pub const SHARD_KEYS: &[&str] = &["rank", "host", "device", "threads", "port", "kv_memory"];
 
@@ -74,6 +74,7 @@ pub struct GroupSpec {
     pub model: Option<Spanned<String>>,
     pub tp: Option<Spanned<i64>>,
     pub collective: Option<Spanned<String>>,
+    pub precision: Option<Spanned<String>>,
     #[serde(default)]
     pub shard: Vec<Spanned<ShardSpec>>,
 }

@@ -152,6 +152,45 @@ pub enum CollectiveChoice {
     Nccl,
 }
 
+/// How a group's cpu shards multiply activations with the weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 activations: the reference arithmetic, token for token with transformers.
+    #[default]
+    Exact,
+    /// Activations quantized per 32-value block to 8 bits, integer dot products (Q8_0,
+    /// Q4_0 and Q4_1 weights; other types stay exact). Ignored on cuda shards.
+    Fast,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Precision, String> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            _ => Err(format!("`{s}` is not a precision: use `exact` or `fast`")),
+        }
+    }
+}
+
 /// The collective backend a group uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -228,6 +267,7 @@ pub struct Group {
     pub collective: Collective,
     /// The backend as written.
     pub requested_collective: CollectiveChoice,
+    pub precision: Precision,
     /// Ordered by rank: `shards[r].rank == Rank(r)`.
     pub shards: Vec<Shard>,
     /// Where `tp` is written, for the model checks.

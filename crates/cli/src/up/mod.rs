@@ -57,6 +57,16 @@ pub struct UpArgs {
     /// others the next ports.
     #[arg(long, env = "TESSERA_COORDINATORS", default_value_t = 1, value_parser = coordinator_count, conflicts_with = "topology")]
     pub coordinators: usize,
+    /// How the CPU shards of the written topology (demo or --model) multiply: `exact`
+    /// (f32 activations, token for token with transformers) or `fast` (8-bit
+    /// activations, integer dot products: faster on Q8_0, Q4_0 and Q4_1 weights).
+    #[arg(
+        long,
+        env = "TESSERA_PRECISION",
+        default_value = "exact",
+        conflicts_with = "topology"
+    )]
+    pub precision: tessera_topology::Precision,
     /// KV cache memory of each shard, with --model.
     #[arg(long, env = "TESSERA_KV_MEMORY", default_value = "256MiB")]
     pub kv_memory: String,
@@ -271,6 +281,7 @@ fn topology_source(args: &UpArgs) -> anyhow::Result<Source> {
         model_path,
         group,
         tp,
+        precision: args.precision,
         threads: one_host::threads_per_shard(cores, tp),
         kv_memory: args.kv_memory.clone(),
         quic_port,

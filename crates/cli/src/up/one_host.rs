@@ -40,6 +40,7 @@ pub struct OneHost {
     /// The group's name (short: certificates carry it in a DNS label).
     pub group: String,
     pub tp: usize,
+    pub precision: tessera_topology::Precision,
     /// CPU threads of each shard.
     pub threads: usize,
     pub kv_memory: String,
@@ -81,10 +82,11 @@ impl OneHost {
         );
         let _ = writeln!(
             s,
-            "\n[[group]]\nname = \"{}\"\nmodel = {}\ntp = {}\ncollective = \"shm\"",
+            "\n[[group]]\nname = \"{}\"\nmodel = {}\ntp = {}\ncollective = \"shm\"\nprecision = \"{}\"",
             self.group,
             toml_string(&self.model_name),
             self.tp,
+            self.precision,
         );
         for (rank, port) in self.shard_ports.iter().enumerate() {
             let _ = writeln!(
@@ -201,6 +203,7 @@ mod tests {
             model_path: "/m/Smol \"LM\".gguf".into(),
             group: group_name(3),
             tp: 3,
+            precision: tessera_topology::Precision::Fast,
             threads: 1,
             kv_memory: "256MiB".into(),
             quic_port: 7000,

@@ -18,6 +18,7 @@ use std::arch::x86_64::*;
 use crate::quant::iq4::IQ4_LEVELS;
 
 mod fp8;
+pub(super) mod int8;
 mod k_quants;
 pub use fp8::dot_f8_e4m3;
 pub use k_quants::{dot_iq4_xs, dot_q2_k, dot_q3_k, dot_q5_k};

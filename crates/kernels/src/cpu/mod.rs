@@ -11,6 +11,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod dot;
+pub mod int8;
 mod threshold_sampling;
 
 pub use dot::{BatchDot, RowDot, dot_f32};
@@ -25,6 +26,9 @@ use std::sync::OnceLock;
 pub struct Features {
     /// AVX2 + FMA + F16C (x86-64-v3).
     pub avx2: bool,
+    /// AVX-512 VNNI with VL, besides AVX2: 8-bit dot products on 256-bit registers
+    /// ([`int8`]).
+    pub vnni: bool,
 }
 
 impl Features {
@@ -37,27 +41,43 @@ impl Features {
     /// Disables every SIMD path for this process (used by tests and by `--scalar` flags).
     /// Returns false if the features were already read.
     pub fn force_scalar() -> bool {
-        FEATURES.set(Features { avx2: false }).is_ok()
+        FEATURES
+            .set(Features {
+                avx2: false,
+                vnni: false,
+            })
+            .is_ok()
     }
 
     fn detect() -> Features {
         #[cfg(target_arch = "x86_64")]
         {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c");
             Features {
-                avx2: std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c"),
+                avx2,
+                vnni: avx2
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512vl"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            Features { avx2: false }
+            Features {
+                avx2: false,
+                vnni: false,
+            }
         }
     }
 
     /// A short name for logs and benchmark reports.
     pub fn describe(self) -> &'static str {
-        if self.avx2 { "avx2+fma+f16c" } else { "scalar" }
+        match (self.avx2, self.vnni) {
+            (true, true) => "avx2+fma+f16c, avx512-vnni",
+            (true, false) => "avx2+fma+f16c",
+            _ => "scalar",
+        }
     }
 }
 

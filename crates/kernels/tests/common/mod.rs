@@ -52,29 +52,43 @@ pub fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> 
     data
 }
 
+fn one_thread_pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+}
+
+/// A random case of `dtype`: rows, columns (whole blocks, up to 640 values; float types
+/// any count, for SIMD tails), vectors (40 in case 0), the rows' bytes and the vectors.
+fn random_case(
+    rng: &mut StdRng,
+    dtype: DType,
+    case: usize,
+) -> (usize, usize, usize, Vec<u8>, Vec<f32>) {
+    let block = dtype.block_elems();
+    let cols = block * rng.random_range(1..=(640 / block).max(2));
+    let rows = rng.random_range(1..=70);
+    let n = if case == 0 {
+        40
+    } else {
+        rng.random_range(1..=40)
+    };
+    let data = random_rows(rng, dtype, rows, cols);
+    let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+    (rows, cols, n, data, xs)
+}
+
 /// `matmul` of random shapes and batches, for every dtype: each vector's result is the same
 /// bits as the n = 1 product of that vector alone (computed on a one-thread pool, so with
 /// another row split too), and within 1e-5 of Σ|w·x| of the f64 reference.
 pub fn check_batch_invariance(seed: u64, cases_per_dtype: usize) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let one_thread = one_thread_pool();
     for dtype in DType::ALL {
         for case in 0..cases_per_dtype {
-            let block = dtype.block_elems();
-            // Float types get any column count (SIMD tails); block types whole blocks.
-            let cols = block * rng.random_range(1..=(640 / block).max(2));
-            let rows = rng.random_range(1..=70);
-            let n = if case == 0 {
-                40
-            } else {
-                rng.random_range(1..=40)
-            };
-            let data = random_rows(&mut rng, dtype, rows, cols);
+            let (rows, cols, n, data, xs) = random_case(&mut rng, dtype, case);
             let w = MatRef::new(dtype, rows, cols, &data).unwrap();
-            let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
             let mut batched = vec![f32::NAN; n * rows];
             matmul(&w, &xs, &mut batched).unwrap();
             let mut want = vec![0.0; n * rows];
@@ -106,6 +120,60 @@ pub fn check_batch_invariance(seed: u64, cases_per_dtype: usize) {
                         (got[r] - reference).abs() <= 1e-5 * scale.max(1e-3),
                         "{what}: {} vs reference {reference}",
                         got[r]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// [`check_batch_invariance`] in the `fast` precision, for every type with an 8-bit kernel:
+/// each vector's result is the same bits batched or alone (on one thread), and the same
+/// bits as the scalar reference of `cpu::int8` on the vector's 8-bit blocks; and within a
+/// step of the 8-bit quantization of the exact product.
+pub fn check_fast_batch_invariance(seed: u64, cases_per_dtype: usize) {
+    use tessera_kernels::cpu::int8::{self, Q8Acts};
+    use tessera_kernels::matmul::{Precision, matmul_in};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let one_thread = one_thread_pool();
+    let dtypes = DType::ALL.into_iter().filter(|&d| int8::supports(d));
+    for dtype in dtypes {
+        for case in 0..cases_per_dtype {
+            let (rows, cols, n, data, xs) = random_case(&mut rng, dtype, case);
+            let w = MatRef::new(dtype, rows, cols, &data).unwrap();
+            let mut batched = vec![f32::NAN; n * rows];
+            matmul_in(&w, &xs, &mut batched, Precision::Fast).unwrap();
+            let mut exact = vec![f32::NAN; n * rows];
+            matmul(&w, &xs, &mut exact).unwrap();
+            for (t, x) in xs.chunks_exact(cols).enumerate() {
+                let mut alone = vec![f32::NAN; rows];
+                one_thread
+                    .install(|| matmul_in(&w, x, &mut alone, Precision::Fast))
+                    .unwrap();
+                let acts = Q8Acts::quantize(x, cols).unwrap();
+                for r in 0..rows {
+                    let what = format!("{dtype} fast {rows}x{cols} n {n} vector {t} row {r}");
+                    let got = batched[t * rows + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        alone[r].to_bits(),
+                        "{what}: batched vs alone"
+                    );
+                    let reference = int8::dot_reference(dtype, w.row(r), acts.row(0)).unwrap();
+                    assert_eq!(
+                        got.to_bits(),
+                        reference.to_bits(),
+                        "{what}: vs the reference"
+                    );
+                    let mut deq = vec![0.0; cols];
+                    dequantize_row(dtype, w.row(r), &mut deq).unwrap();
+                    // Each activation moves by at most half a step: max|x| / 254 per block.
+                    let bound: f32 = deq.iter().map(|v| v.abs()).sum::<f32>() / 254.0 * 1.01;
+                    let diff = (got - exact[t * rows + r]).abs();
+                    assert!(
+                        diff <= bound + 1e-5,
+                        "{what}: {got} vs exact {}",
+                        exact[t * rows + r]
                     );
                 }
             }

@@ -352,6 +352,7 @@ impl Llama {
             sharding,
             weight_bytes: slicer.bytes,
             dequantized: slicer.dequantized,
+            precision: tessera_topology::Precision::Exact,
             config,
         })
     }

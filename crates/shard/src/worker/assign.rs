@@ -142,6 +142,7 @@ pub(super) fn load_once(
     };
     let mut llama = loader::load_rank_with_progress(path, plan, config.tp, &mut on_layer)?;
     llama.hold_as(config.dtype)?;
+    llama.set_precision(config.precision);
     #[cfg(feature = "cuda")]
     let slice = match &config.device {
         Some(device) => ModelSlice::upload(llama, Arc::clone(device))?,

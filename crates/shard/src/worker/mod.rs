@@ -29,7 +29,7 @@ use tessera_comm::proto::{
 };
 #[cfg(feature = "cuda")]
 use tessera_kernels::cuda::CudaDevice;
-use tessera_topology::{ModelDtype, Rank};
+use tessera_topology::{ModelDtype, Precision, Rank};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, debug_span, info, warn};
@@ -69,6 +69,8 @@ pub struct WorkerConfig {
     /// How the weights are held once loaded (the topology's `dtype`). Which weights, and
     /// so this rank's slice of them, each assignment says ([`Assignment::model`]).
     pub dtype: ModelDtype,
+    /// The group's precision, for every model version it loads.
+    pub precision: Precision,
     /// Version 1 of the model: its files as this host's topology names them (a relative
     /// path resolves against this host's topology file, not the coordinator's). Later
     /// versions are loaded from the path their deploy gave.

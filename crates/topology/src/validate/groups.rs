@@ -10,7 +10,9 @@ use toml::Spanned;
 use super::{Bind, GpuUse, Hosts, Listener, Models, Validator};
 use crate::error::TopologyError;
 use crate::spec::{GroupSpec, ShardSpec, SizeSpec};
-use crate::topology::{Collective, CollectiveChoice, Device, Group, ModelDtype, Rank, Shard};
+use crate::topology::{
+    Collective, CollectiveChoice, Device, Group, ModelDtype, Precision, Rank, Shard,
+};
 use crate::units::{parse_device, parse_size};
 
 /// A shard entry that passed its own checks, with the spans the group checks need.
@@ -71,6 +73,10 @@ impl Validator<'_> {
             None => Some(CollectiveChoice::Auto),
             Some(c) => self.collective_choice(c, &label, &table),
         };
+        let precision = match &spec.precision {
+            None => Some(Precision::Exact),
+            Some(p) => self.precision(p, &label, &table),
+        };
         // Ranks that move their collectives through host memory may share a GPU (tp > 1
         // on one GPU, for tests); NCCL refuses two ranks on one device.
         let host_collective = matches!(
@@ -93,7 +99,7 @@ impl Validator<'_> {
         }
         let shards: Vec<ShardEntry> = shards.into_iter().collect::<Option<_>>()?;
         let (name, model, tp) = (name?, model?, tp?);
-        let (requested, collective) = (requested?, collective?);
+        let (requested, collective, precision) = (requested?, collective?, precision?);
         if !complete || shards.len() != tp {
             return None;
         }
@@ -108,6 +114,7 @@ impl Validator<'_> {
             tp,
             collective,
             requested_collective: requested,
+            precision,
             shards,
             tp_at,
             index: i,
@@ -154,6 +161,26 @@ impl Validator<'_> {
                     value: other.to_owned(),
                 };
                 self.error(value.span(), format!("{table}.collective"), error);
+                None
+            }
+        }
+    }
+
+    fn precision(
+        &mut self,
+        value: &Spanned<String>,
+        group: &str,
+        table: &str,
+    ) -> Option<Precision> {
+        match value.get_ref().as_str() {
+            "exact" => Some(Precision::Exact),
+            "fast" => Some(Precision::Fast),
+            other => {
+                let error = TopologyError::BadPrecision {
+                    group: group.to_owned(),
+                    value: other.to_owned(),
+                };
+                self.error(value.span(), format!("{table}.precision"), error);
                 None
             }
         }

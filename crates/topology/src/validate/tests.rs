@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use crate::error::TopologyError;
 use crate::issue::{Severity, TopologyIssue};
 use crate::plan::ModelShape;
-use crate::topology::{Collective, CollectiveChoice, Device, ModelDtype, ModelFormat, Topology};
+use crate::topology::{
+    Collective, CollectiveChoice, Device, ModelDtype, ModelFormat, Precision, Topology,
+};
 
 /// The rules on hosts, names, models, groups and shards.
 mod groups;
@@ -141,6 +143,9 @@ fn base_is_valid_with_defaults_and_resolved_paths() {
     assert_eq!(g.shards[0].kv_memory_bytes, 1 << 30);
     assert_eq!(g.shards[0].device, Device::Cpu);
     assert_eq!(g.tp_at.line, line_of(BASE, "tp = 2", 0));
+    assert_eq!(g.precision, Precision::Exact, "the default");
+    let fast = valid(&edit("tp = 2", 0, "tp = 2\nprecision = \"fast\""));
+    assert_eq!(fast.group("g").map(|g| g.precision), Some(Precision::Fast));
 }
 
 #[test]

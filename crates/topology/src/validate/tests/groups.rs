@@ -114,6 +114,8 @@ fn devices_and_collectives_are_checked() {
         "tp = 2\ncollective = \"mpi\"",
         "bad-collective",
     );
+    let e = assert_one("tp = 2", 0, "tp = 2\nprecision = \"int4\"", "bad-precision");
+    assert!(e.change().contains("\"exact\"") && e.change().contains("\"fast\""));
     assert_one(
         "tp = 2",
         0,

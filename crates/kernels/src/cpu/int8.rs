@@ -1,0 +1,297 @@
+//! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
+//! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
+//! with it in integers. For Q8_0, Q4_0 and Q4_1 weights (the types without sub-block
+//! scales); other types keep the exact f32 kernels in `fast` mode.
+//!
+//! **The arithmetic, shared by every path to the bit.** In a 32-value block `b`, lane `k`
+//! (0..8) sums the integer products of values `4k..4k + 4` exactly (an `i32`); each lane
+//! accumulates `fma(d_w·d_x, lane, acc[b mod 2][k])` in f32; the two accumulators add lane
+//! by lane, the 8 lanes sum as a fixed tree ([`hsum8`]), and a Q4_1 row's min terms
+//! (`m_w·(d_x·Σq_x)`, fused into two chains by the same block parity, added together)
+//! add last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
+//! AVX-512 VNNI (`vpdpbusd`) give the same exact lanes, so the scalar reference here, the
+//! AVX2 path and the VNNI path agree bit for bit, and a vector's result depends on nothing
+//! but its own values: batch invariant. The blocks are those of the weight's columns, so a
+//! tensor-parallel split at block boundaries quantizes each block the same: tp invariant.
+
+use super::Features;
+use crate::quant::float::f16_le_to_f32;
+use crate::{DType, KernelError};
+
+/// Values per activation block.
+pub const BLOCK: usize = 32;
+
+/// Whether `fast` has an integer kernel for weights of `dtype`.
+pub fn supports(dtype: DType) -> bool {
+    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+}
+
+/// `n` activation vectors of `cols` values, each 32-value block as 32 × i8 with an f32
+/// scale: `x ≈ d·q`, `d = max|x| / 127`, `q = round(x / d)`.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Acts {
+    cols: usize,
+    qs: Vec<i8>,
+    /// Per block: `d`.
+    d: Vec<f32>,
+    /// Per block: `d·Σq` (the Q4_1 min terms' factor).
+    dsum: Vec<f32>,
+}
+
+/// One quantized vector, as the kernels read it.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Row<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub dsum: &'a [f32],
+}
+
+impl Q8Acts {
+    /// Quantizes the `xs.len() / cols` vectors of `xs`; `cols` must be a multiple of 32.
+    pub fn quantize(xs: &[f32], cols: usize) -> Result<Q8Acts, KernelError> {
+        let mut acts = Q8Acts::default();
+        acts.requantize(xs, cols)?;
+        Ok(acts)
+    }
+
+    /// [`Q8Acts::quantize`] into this one's buffers (no allocation once they are large
+    /// enough).
+    pub fn requantize(&mut self, xs: &[f32], cols: usize) -> Result<(), KernelError> {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) || !xs.len().is_multiple_of(cols) {
+            return Err(KernelError::Length {
+                what: "activations to quantize (whole 32-value blocks of whole vectors)",
+                expected: cols,
+                actual: xs.len(),
+            });
+        }
+        self.cols = cols;
+        self.qs.resize(xs.len(), 0);
+        self.d.clear();
+        self.dsum.clear();
+        for (x, q) in xs.chunks_exact(BLOCK).zip(self.qs.chunks_exact_mut(BLOCK)) {
+            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, x) in q.iter_mut().zip(x) {
+                // Rounded half away from zero, as llama.cpp's `roundf`; within ±127.
+                *q = (x * inverse).round() as i8;
+                sum += i32::from(*q);
+            }
+            self.d.push(d);
+            self.dsum.push(d * sum as f32);
+        }
+        Ok(())
+    }
+
+    /// The number of vectors.
+    pub fn len(&self) -> usize {
+        self.qs.len() / self.cols.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.qs.is_empty()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Vector `t`.
+    pub fn row(&self, t: usize) -> Q8Row<'_> {
+        let blocks = self.cols / BLOCK;
+        Q8Row {
+            qs: &self.qs[t * self.cols..][..self.cols],
+            d: &self.d[t * blocks..][..blocks],
+            dsum: &self.dsum[t * blocks..][..blocks],
+        }
+    }
+}
+
+impl Q8Acts {
+    /// How many vectors one kernel call takes (they share each unpacked weight block).
+    pub const GROUP: usize = 4;
+
+    /// Dots each of the whole rows in `rows` (of `dtype`, `cols` values each) with vectors
+    /// `first..first + count`: `out[i·n + j] = row_i · x_j` for those `j`, where `n` is
+    /// [`Q8Acts::len`]; the other values of `out` stay untouched.
+    pub fn dot_rows(
+        &self,
+        dtype: DType,
+        rows: &[u8],
+        first: usize,
+        count: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let row_bytes = dtype.row_bytes(self.cols)?;
+        let n = self.len();
+        if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
+            return Err(KernelError::ByteLength {
+                what: "8-bit-activation weight rows (Q8_0, Q4_0 or Q4_1, whole rows)",
+                expected: row_bytes,
+                actual: rows.len(),
+            });
+        }
+        if out.len() != rows.len() / row_bytes * n || first + count > n {
+            return Err(KernelError::Length {
+                what: "row dot outputs (rows × vectors) for vectors first..first + count",
+                expected: rows.len() / row_bytes * n,
+                actual: out.len(),
+            });
+        }
+        let kernels = Kernels::for_type(dtype, Features::get());
+        let groups_end = first + count / Self::GROUP * Self::GROUP;
+        for g in (first..groups_end).step_by(Self::GROUP) {
+            let xs: [Q8Row<'_>; Self::GROUP] = std::array::from_fn(|j| self.row(g + j));
+            for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+                if let Some(ys) = out[g..].first_chunk_mut::<{ Self::GROUP }>() {
+                    *ys = kernels.group(dtype, row, xs);
+                }
+            }
+        }
+        for t in groups_end..first + count {
+            let x = self.row(t);
+            for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+                out[t] = kernels.one(dtype, row, x);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A SIMD kernel: one row with `T` vectors.
+#[cfg(target_arch = "x86_64")]
+type Kernel<const T: usize> = unsafe fn(&[u8], [Q8Row<'_>; T]) -> [f32; T];
+
+/// The kernels of one weight type on this CPU, for a group of vectors and for one; the
+/// scalar reference where the CPU has neither AVX2 nor VNNI.
+#[derive(Clone, Copy)]
+struct Kernels {
+    #[cfg(target_arch = "x86_64")]
+    simd: Option<(Kernel<{ Q8Acts::GROUP }>, Kernel<1>)>,
+}
+
+impl Kernels {
+    fn for_type(dtype: DType, features: Features) -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use super::avx2::int8 as k;
+            macro_rules! pick {
+                ($kernel:ident) => {
+                    Some((
+                        k::$kernel::<{ Q8Acts::GROUP }> as Kernel<{ Q8Acts::GROUP }>,
+                        k::$kernel::<1> as Kernel<1>,
+                    ))
+                };
+            }
+            let simd = match (dtype, features.vnni, features.avx2) {
+                (DType::Q8_0, true, _) => pick!(dot_q8_0_vnni),
+                (DType::Q4_0, true, _) => pick!(dot_q4_0_vnni),
+                (DType::Q4_1, true, _) => pick!(dot_q4_1_vnni),
+                (DType::Q8_0, _, true) => pick!(dot_q8_0),
+                (DType::Q4_0, _, true) => pick!(dot_q4_0),
+                (DType::Q4_1, _, true) => pick!(dot_q4_1),
+                _ => None,
+            };
+            Kernels { simd }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (dtype, features);
+            Kernels {}
+        }
+    }
+
+    /// `row` dotted with each of `xs` (lengths checked: whole blocks of a supported type,
+    /// one per 32 values of every vector).
+    fn group(
+        &self,
+        dtype: DType,
+        row: &[u8],
+        xs: [Q8Row<'_>; Q8Acts::GROUP],
+    ) -> [f32; Q8Acts::GROUP] {
+        #[cfg(target_arch = "x86_64")]
+        if let Some((group, _)) = self.simd {
+            // SAFETY: `for_type` picked the kernel for this CPU's features; the caller
+            // checked the lengths.
+            return unsafe { group(row, xs) };
+        }
+        xs.map(|x| dot_reference(dtype, row, x).unwrap_or(f32::NAN))
+    }
+
+    fn one(&self, dtype: DType, row: &[u8], x: Q8Row<'_>) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if let Some((_, one)) = self.simd {
+            // SAFETY: as in `group`.
+            return unsafe { one(row, [x]) }[0];
+        }
+        dot_reference(dtype, row, x).unwrap_or(f32::NAN)
+    }
+}
+
+/// Sums 8 lanes as the AVX2 horizontal sum does: halves, then pairs, then the last two.
+pub fn hsum8(v: [f32; 8]) -> f32 {
+    let s4 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
+}
+
+/// The scalar reference: `row` (whole blocks of `dtype`, one per 32 values of `x`) dotted
+/// with quantized vector `x`.
+pub fn dot_reference(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<f32, KernelError> {
+    let bytes = dtype.block_bytes();
+    if !supports(dtype) || row.len() != x.d.len() * bytes {
+        return Err(KernelError::ByteLength {
+            what: "an 8-bit-activation weight row (Q8_0, Q4_0 or Q4_1)",
+            expected: x.d.len() * bytes,
+            actual: row.len(),
+        });
+    }
+    let mut acc = [[0.0f32; 8]; 2];
+    let mut mins = [0.0f32; 2];
+    for (b, block) in row.chunks_exact(bytes).enumerate() {
+        let (w, dw, mw) = block_values(dtype, block);
+        let xq = &x.qs[b * BLOCK..][..BLOCK];
+        let scale = dw * x.d[b];
+        for (k, acc) in acc[b & 1].iter_mut().enumerate() {
+            let lane: i32 = (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum();
+            *acc = scale.mul_add(lane as f32, *acc);
+        }
+        if let Some(m) = mw {
+            mins[b & 1] = m.mul_add(x.dsum[b], mins[b & 1]);
+        }
+    }
+    let lanes: [f32; 8] = std::array::from_fn(|k| acc[0][k] + acc[1][k]);
+    let total = hsum8(lanes);
+    Ok(if mw_present(dtype) {
+        total + (mins[0] + mins[1])
+    } else {
+        total
+    })
+}
+
+/// Whether blocks of `dtype` carry a min (Q4_1), whose terms add after the lanes' sum.
+fn mw_present(dtype: DType) -> bool {
+    dtype == DType::Q4_1
+}
+
+/// One weight block's 32 integer values, its scale and (Q4_1) its min.
+fn block_values(dtype: DType, block: &[u8]) -> ([i32; 32], f32, Option<f32>) {
+    let d = f16_le_to_f32([block[0], block[1]]);
+    let nibble = |qs: &[u8], i: usize| i32::from(if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 });
+    match dtype {
+        DType::Q8_0 => (
+            std::array::from_fn(|i| i32::from(block[2 + i] as i8)),
+            d,
+            None,
+        ),
+        DType::Q4_0 => (std::array::from_fn(|i| nibble(&block[2..], i) - 8), d, None),
+        _ => {
+            let m = f16_le_to_f32([block[2], block[3]]);
+            (std::array::from_fn(|i| nibble(&block[4..], i)), d, Some(m))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::quant;
+
+const TYPES: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+
+/// `rows` random rows of `cols` values of `dtype`: random bytes, with every block's f16
+/// scale (and Q4_1 min) set to a finite value.
+fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    let bytes = dtype.block_bytes();
+    let mut data: Vec<u8> = (0..rows * cols / 32 * bytes)
+        .map(|_| rng.random())
+        .collect();
+    for block in data.chunks_exact_mut(bytes) {
+        let scales = if dtype == DType::Q4_1 { 2 } else { 1 };
+        for s in 0..scales {
+            let value = half_bits(rng.random_range(-0.05f32..0.05));
+            block[2 * s..2 * s + 2].copy_from_slice(&value.to_le_bytes());
+        }
+    }
+    data
+}
+
+/// The f16 bits nearest below `v` (enough for a test scale).
+fn half_bits(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        return sign;
+    }
+    sign | ((exp as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
+}
+
+fn random_acts(rng: &mut StdRng, n: usize, cols: usize) -> Vec<f32> {
+    (0..n * cols)
+        .map(|i| {
+            // Mostly small values, a few outliers, one all-zero block.
+            if (i / 32) % 7 == 3 {
+                0.0
+            } else if i % 97 == 0 {
+                rng.random_range(-40.0..40.0)
+            } else {
+                rng.random_range(-1.0..1.0)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn blocks_quantize_to_within_half_a_step() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let xs = random_acts(&mut rng, 3, 96);
+    let acts = Q8Acts::quantize(&xs, 96).unwrap();
+    assert_eq!((acts.len(), acts.cols()), (3, 96));
+    for t in 0..3 {
+        let row = acts.row(t);
+        for (b, x) in xs[t * 96..][..96].chunks_exact(32).enumerate() {
+            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert_eq!(row.d[b], amax / 127.0);
+            let q = &row.qs[b * 32..][..32];
+            assert_eq!(
+                q.iter().map(|q| q.unsigned_abs()).max(),
+                Some(if amax > 0.0 { 127 } else { 0 })
+            );
+            for (x, q) in x.iter().zip(q) {
+                assert!((x - row.d[b] * f32::from(*q)).abs() <= row.d[b] / 2.0 * 1.0001);
+            }
+            let sum: i32 = q.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(row.dsum[b], row.d[b] * sum as f32);
+        }
+    }
+    assert!(Q8Acts::quantize(&xs[..40], 40).is_err(), "not whole blocks");
+    assert!(
+        Q8Acts::quantize(&xs[..70], 64).is_err(),
+        "not whole vectors"
+    );
+}
+
+#[test]
+fn the_reference_is_the_dot_of_the_dequantized_values() {
+    let mut rng = StdRng::seed_from_u64(6);
+    for dtype in TYPES {
+        let cols = 256;
+        let row = random_rows(&mut rng, dtype, 1, cols);
+        let xs = random_acts(&mut rng, 1, cols);
+        let acts = Q8Acts::quantize(&xs, cols).unwrap();
+        let mut w = vec![0.0f32; cols];
+        quant::dequantize_row(dtype, &row, &mut w).unwrap();
+        let x = acts.row(0);
+        let exact: f64 = (0..cols)
+            .map(|i| f64::from(w[i]) * f64::from(x.d[i / 32]) * f64::from(x.qs[i]))
+            .sum();
+        let got = dot_reference(dtype, &row, x).unwrap();
+        let scale: f64 = (0..cols)
+            .map(|i| (f64::from(w[i]) * f64::from(xs[i])).abs())
+            .sum();
+        assert!(
+            (f64::from(got) - exact).abs() <= 1e-5 * scale.max(1e-6),
+            "{dtype:?}: {got} vs {exact}"
+        );
+    }
+}
+
+#[test]
+fn every_path_gives_the_reference_bits_whatever_the_batch() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let features = Features::get();
+    for dtype in TYPES {
+        for cols in [32, 576, 1536] {
+            let rows = 5;
+            let data = random_rows(&mut rng, dtype, rows, cols);
+            let n = 6;
+            let acts = Q8Acts::quantize(&random_acts(&mut rng, n, cols), cols).unwrap();
+            let row_bytes = dtype.row_bytes(cols).unwrap();
+            let reference: Vec<f32> = (0..rows)
+                .flat_map(|r| {
+                    let row = &data[r * row_bytes..][..row_bytes];
+                    (0..n).map(move |t| (r, t, row))
+                })
+                .map(|(_, t, row)| dot_reference(dtype, row, acts.row(t)).unwrap())
+                .collect();
+            // The whole batch (a group of 4, then singles), and each vector alone.
+            let mut all = vec![0.0; rows * n];
+            acts.dot_rows(dtype, &data, 0, n, &mut all).unwrap();
+            let mut alone = vec![0.0; rows * n];
+            for t in 0..n {
+                acts.dot_rows(dtype, &data, t, 1, &mut alone).unwrap();
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let what = format!("{dtype:?} cols {cols} on {features:?}");
+            assert_eq!(bits(&all), bits(&reference), "batched: {what}");
+            assert_eq!(bits(&alone), bits(&reference), "one at a time: {what}");
+            #[cfg(target_arch = "x86_64")]
+            if features.vnni {
+                // The AVX2 kernels too, where VNNI took their place above.
+                let avx2 = Features {
+                    vnni: false,
+                    ..features
+                };
+                let kernels = Kernels::for_type(dtype, avx2);
+                for r in 0..rows {
+                    let row = &data[r * row_bytes..][..row_bytes];
+                    for t in 0..n {
+                        let y = kernels.one(dtype, row, acts.row(t));
+                        assert_eq!(y.to_bits(), reference[r * n + t].to_bits(), "avx2: {what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_lengths_and_types_are_errors() {
+    let acts = Q8Acts::quantize(&[0.5; 64], 32).unwrap();
+    let row = vec![0u8; 20];
+    let mut out = vec![0.0; 2];
+    assert!(acts.dot_rows(DType::Q4_1, &row, 0, 2, &mut out).is_ok());
+    assert!(
+        acts.dot_rows(DType::Q4_1, &row[..19], 0, 2, &mut out)
+            .is_err()
+    );
+    assert!(
+        acts.dot_rows(DType::Q4_1, &row, 1, 2, &mut out).is_err(),
+        "past the vectors"
+    );
+    assert!(
+        acts.dot_rows(DType::Q4K, &row, 0, 2, &mut out).is_err(),
+        "no 8-bit kernel"
+    );
+    assert!(dot_reference(DType::F32, &row, acts.row(0)).is_err());
+}
