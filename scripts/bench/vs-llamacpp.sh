@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Decode and prefill tokens/s of `tessera generate` and llama.cpp (llama-cpp-python) on the
-# same GGUF, same prompt tokens, same thread counts, run alternately on this machine, plus
-# the machine's memory bandwidth (numpy copy) for scale. Prints a Markdown table.
+# Decode and prefill tokens/s of `tessera generate` (in both precisions, exact and fast) and
+# llama.cpp (llama-cpp-python) on the same GGUF, same prompt tokens, same thread counts,
+# run alternately on this machine, plus the machine's memory bandwidth (numpy copy) for
+# scale. Prints a Markdown table.
 #
 # Setup once:  python3 -m venv .venv-bench && .venv-bench/bin/pip install llama-cpp-python numpy
 # Usage:       scripts/bench/vs-llamacpp.sh [MODEL.gguf] [REPEATS]
@@ -36,9 +37,11 @@ results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 for threads in 1 2; do
     for ((i = 0; i < repeats; i++)); do
-        "$tessera" generate --model "$model" --prompt-tokens "$prompt" --max-tokens $max_tokens \
-            --ignore-eos --threads "$threads" --json |
-            python3 -c "import json,sys; d=json.load(sys.stdin); print('tessera', $threads, d['prefill_tokens_per_s'], d['decode_tokens_per_s'], ','.join(map(str,d['tokens'])))" >> "$results"
+        for precision in exact fast; do
+            "$tessera" generate --model "$model" --prompt-tokens "$prompt" --max-tokens $max_tokens \
+                --ignore-eos --threads "$threads" --precision $precision --json |
+                python3 -c "import json,sys; d=json.load(sys.stdin); print('tessera-$precision', $threads, d['prefill_tokens_per_s'], d['decode_tokens_per_s'], ','.join(map(str,d['tokens'])))" >> "$results"
+        done
         "$py" scripts/bench/llamacpp_run.py --model "$model" --prompt-tokens "$prompt" \
             --max-tokens $max_tokens --threads "$threads" |
             python3 -c "import json,sys; d=json.load(sys.stdin); print('llama.cpp', $threads, d['prefill_tokens_per_s'], d['decode_tokens_per_s'], ','.join(map(str,d['tokens'])))" >> "$results"
@@ -50,19 +53,17 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 bandwidth, model, n_prompt = sys.argv[2], sys.argv[3], sys.argv[4]
 med = lambda xs: statistics.median(float(x) for x in xs)
-print(f"model {model}, {n_prompt} prompt tokens, 128 generated (greedy), median of {len(rows)//4} runs each;")
+print(f"model {model}, {n_prompt} prompt tokens, 128 generated (greedy), median of {len(rows)//6} runs each;")
 print(f"memory bandwidth (numpy copy, 1 thread): {bandwidth} GB/s\n")
-print("| threads | engine | prefill tok/s | decode tok/s | decode ratio tessera/llama.cpp |")
-print("|---|---|---|---|---|")
+print("| threads | engine | prefill tok/s | decode tok/s | prefill / llama.cpp | decode / llama.cpp | greedy tokens equal to llama.cpp's |")
+print("|---|---|---|---|---|---|---|")
 for threads in ("1", "2"):
     stats = {}
-    for engine in ("tessera", "llama.cpp"):
+    for engine in ("tessera-exact", "tessera-fast", "llama.cpp"):
         rs = [r for r in rows if r[0] == engine and r[1] == threads]
         stats[engine] = (med(r[2] for r in rs), med(r[3] for r in rs), rs[0][4].split(","))
-    ratio = stats["tessera"][1] / stats["llama.cpp"][1]
-    for engine, (pre, dec, _) in stats.items():
-        print(f"| {threads} | {engine} | {pre:.1f} | {dec:.1f} | {ratio:.2f} |")
-    a, b = stats["tessera"][2], stats["llama.cpp"][2]
-    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-    print(f"|   | (greedy tokens identical for the first {same} of {len(a)}) | | | |")
+    base = stats["llama.cpp"]
+    for engine, (pre, dec, tokens) in stats.items():
+        same = next((i for i, (x, y) in enumerate(zip(tokens, base[2])) if x != y), len(tokens))
+        print(f"| {threads} | {engine} | {pre:.1f} | {dec:.1f} | {pre / base[0]:.2f} | {dec / base[1]:.2f} | first {same} of {len(tokens)} |")
 PY

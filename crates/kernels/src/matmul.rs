@@ -131,15 +131,31 @@ pub fn matmul_in(
         return Ok(());
     }
     if precision.quantizes(w.dtype, w.cols) {
-        let acts = Q8Acts::quantize(xs, w.cols)?;
-        let dot = |rows: &[u8], first, count, out: &mut [f32]| {
-            acts.dot_rows(w.dtype, rows, first, count, out)
-        };
-        return by_rows(w, n, Q8Acts::GROUP, ys, dot);
+        return QUANTIZED.with(|cell| {
+            // This thread's buffers, reused from call to call (a fresh set in the unlikely
+            // case that a call nests in another on this thread).
+            let mut fresh = Q8Acts::default();
+            let mut held = cell.try_borrow_mut();
+            let acts = match held.as_deref_mut() {
+                Ok(acts) => acts,
+                Err(_) => &mut fresh,
+            };
+            acts.requantize(xs, w.cols)?;
+            let acts = &*acts;
+            let dot = |rows: &[u8], first, count, out: &mut [f32]| {
+                acts.dot_rows(w.dtype, rows, first, count, out)
+            };
+            by_rows(w, n, Q8Acts::GROUP, ys, dot)
+        });
     }
     let dots = BatchDot::new(xs, w.cols, w.dtype)?;
     let dot = |rows: &[u8], first, count, out: &mut [f32]| dots.dot_rows(rows, first, count, out);
     by_rows(w, n, dots.group(), ys, dot)
+}
+
+thread_local! {
+    /// The 8-bit activations of the last `fast` matmul on this thread.
+    static QUANTIZED: std::cell::RefCell<Q8Acts> = std::cell::RefCell::default();
 }
 
 /// Splits `w`'s rows across the pool and calls `dot(rows, first, count, out)` for groups of

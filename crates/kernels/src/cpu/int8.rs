@@ -21,13 +21,16 @@ use crate::{DType, KernelError};
 /// Values per activation block.
 pub const BLOCK: usize = 32;
 
+/// 1.5·2^23: see [`Q8Acts::requantize`].
+const ROUNDER: f32 = 12_582_912.0;
+
 /// Whether `fast` has an integer kernel for weights of `dtype`.
 pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
 }
 
 /// `n` activation vectors of `cols` values, each 32-value block as 32 × i8 with an f32
-/// scale: `x ≈ d·q`, `d = max|x| / 127`, `q = round(x / d)`.
+/// scale: `x ≈ d·q`, `d = max|x| / 127`, `q = round(x / d)` (to the nearest, ties to even).
 #[derive(Clone, Debug, Default)]
 pub struct Q8Acts {
     cols: usize,
@@ -74,8 +77,10 @@ impl Q8Acts {
             let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
             for (q, x) in q.iter_mut().zip(x) {
-                // Rounded half away from zero, as llama.cpp's `roundf`; within ±127.
-                *q = (x * inverse).round() as i8;
+                // To the nearest, ties to even (as llama.cpp's SIMD quantizers round): adding
+                // and taking away 1.5·2^23 leaves the integer nearest a value below 2^22,
+                // in plain float arithmetic that vectorizes (no `roundf` call).
+                *q = ((x * inverse + ROUNDER) - ROUNDER) as i8;
                 sum += i32::from(*q);
             }
             self.d.push(d);
