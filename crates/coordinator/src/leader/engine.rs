@@ -183,7 +183,7 @@ impl Engine for Leadership {
     }
 
     fn applied_topology(&self) -> Option<AppliedTopology> {
-        self.node.summary().borrow().topology.clone()
+        self.node.summary().borrow().topology.as_deref().cloned()
     }
 
     fn status(&self) -> ClusterStatus {

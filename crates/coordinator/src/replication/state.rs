@@ -19,6 +19,7 @@
 //! ([`ClusterState::restore`]) into exactly the state of the others.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tessera_comm::proto::FinishReason;
@@ -217,7 +218,8 @@ pub struct ClusterState {
     /// its topology's files as version 1: [`Rollout::initial`]).
     pub rollouts: BTreeMap<String, Rollout>,
     /// `None` until a topology is applied: each peer's file names groups and models.
-    pub topology: Option<AppliedTopology>,
+    /// Shared with every summary (its text may be long; summaries are made often).
+    pub topology: Option<Arc<AppliedTopology>>,
     pub journal: BTreeMap<RequestId, Journaled>,
     /// What the journal holds, kept as it changes ([`ClusterState::journal_usage`]);
     /// recomputed from the journal on restore.
@@ -234,7 +236,7 @@ pub struct Summary {
     pub groups: BTreeMap<String, GroupRecord>,
     pub models: BTreeMap<String, ModelRecord>,
     pub rollouts: BTreeMap<String, Rollout>,
-    pub topology: Option<AppliedTopology>,
+    pub topology: Option<Arc<AppliedTopology>>,
 }
 
 impl Summary {
@@ -409,11 +411,11 @@ impl ClusterState {
                     );
                     return Outcome::Refused { reason };
                 }
-                self.topology = Some(AppliedTopology {
+                self.topology = Some(Arc::new(AppliedTopology {
                     generation: *generation,
                     path: path.clone(),
                     text: text.clone(),
-                });
+                }));
                 self.forget_unlisted(models);
                 Outcome::Applied
             }
