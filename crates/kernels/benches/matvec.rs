@@ -9,7 +9,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
-use tessera_kernels::matmul::{MatRef, matmul};
+use tessera_kernels::matmul::{MatRef, Precision, matmul, matmul_in};
 use tessera_kernels::quant::{f16_scale_offsets, fp8};
 
 fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -52,6 +52,16 @@ fn bench_matvec(c: &mut Criterion) {
                 &(),
                 |b, _| b.iter(|| matmul(&w, &x, &mut y).expect("sizes match")),
             );
+            // The `fast` precision (8-bit activations), where the type has its kernel.
+            if Precision::Fast.quantizes(dtype, cols) {
+                group.bench_with_input(
+                    BenchmarkId::new(format!("{}-fast", dtype.name()), format!("{rows}x{cols}")),
+                    &(),
+                    |b, _| {
+                        b.iter(|| matmul_in(&w, &x, &mut y, Precision::Fast).expect("sizes match"))
+                    },
+                );
+            }
         }
     }
     group.finish();

@@ -22,8 +22,8 @@ pub enum Precision {
     /// f32 activations: the reference arithmetic.
     #[default]
     Exact,
-    /// 8-bit activations per 32-value block and integer dot products, for Q8_0, Q4_0 and
-    /// Q4_1 weights; exact for the others.
+    /// 8-bit activations per 32-value block and integer dot products, for Q8_0, Q4_0,
+    /// Q4_1 and Q4_K weights; exact for the others.
     Fast,
 }
 

@@ -1,7 +1,8 @@
 //! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
 //! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
-//! with it in integers. For Q8_0, Q4_0 and Q4_1 weights (the types without sub-block
-//! scales); other types keep the exact f32 kernels in `fast` mode.
+//! with it in integers. For Q8_0, Q4_0, Q4_1 and Q4_K weights (Q4_K's 32-value
+//! sub-blocks are the activation blocks, each with its own scale and min); other types
+//! keep the exact f32 kernels in `fast` mode.
 //!
 //! **The arithmetic, shared by every path to the bit.** In a 32-value block `b`, lane `k`
 //! (0..8) sums the integer products of values `4k..4k + 4` exactly (an `i32`); each lane
@@ -16,6 +17,7 @@
 
 use super::Features;
 use crate::quant::float::f16_le_to_f32;
+use crate::quant::k_quants::{Q4_K_QS_OFFSET, scale_min_pairs};
 use crate::{DType, KernelError};
 
 /// Values per activation block.
@@ -26,7 +28,7 @@ const ROUNDER: f32 = 12_582_912.0;
 
 /// Whether `fast` has an integer kernel for weights of `dtype`.
 pub fn supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4K)
 }
 
 /// `n` activation vectors of `cols` values, each 32-value block as 32 × i8 with an f32
@@ -132,7 +134,7 @@ impl Q8Acts {
         let n = self.len();
         if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
             return Err(KernelError::ByteLength {
-                what: "8-bit-activation weight rows (Q8_0, Q4_0 or Q4_1, whole rows)",
+                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1 or Q4_K, whole rows)",
                 expected: row_bytes,
                 actual: rows.len(),
             });
@@ -193,9 +195,11 @@ impl Kernels {
                 (DType::Q8_0, true, _) => pick!(dot_q8_0_vnni),
                 (DType::Q4_0, true, _) => pick!(dot_q4_0_vnni),
                 (DType::Q4_1, true, _) => pick!(dot_q4_1_vnni),
+                (DType::Q4K, true, _) => pick!(dot_q4_k_vnni),
                 (DType::Q8_0, _, true) => pick!(dot_q8_0),
                 (DType::Q4_0, _, true) => pick!(dot_q4_0),
                 (DType::Q4_1, _, true) => pick!(dot_q4_1),
+                (DType::Q4K, _, true) => pick!(dot_q4_k),
                 _ => None,
             };
             Kernels { simd }
@@ -241,47 +245,47 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
     s2[0] + s2[1]
 }
 
-/// The scalar reference: `row` (whole blocks of `dtype`, one per 32 values of `x`) dotted
-/// with quantized vector `x`.
+/// The scalar reference: `row` (whole blocks of `dtype`, one 32-value block per scale of
+/// `x`) dotted with quantized vector `x`.
 pub fn dot_reference(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<f32, KernelError> {
+    let values = dtype.block_elems();
     let bytes = dtype.block_bytes();
-    if !supports(dtype) || row.len() != x.d.len() * bytes {
+    let expected = x.d.len() * BLOCK / values * bytes;
+    if !supports(dtype) || row.len() != expected || !(x.d.len() * BLOCK).is_multiple_of(values) {
         return Err(KernelError::ByteLength {
-            what: "an 8-bit-activation weight row (Q8_0, Q4_0 or Q4_1)",
-            expected: x.d.len() * bytes,
+            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1 or Q4_K)",
+            expected,
             actual: row.len(),
         });
     }
     let mut acc = [[0.0f32; 8]; 2];
     let mut mins = [0.0f32; 2];
-    for (b, block) in row.chunks_exact(bytes).enumerate() {
-        let (w, dw, mw) = block_values(dtype, block);
+    for b in 0..x.d.len() {
+        let per = values / BLOCK;
+        let block = &row[b / per * bytes..][..bytes];
+        let (w, dw, min) = sub_block(dtype, block, b % per);
         let xq = &x.qs[b * BLOCK..][..BLOCK];
         let scale = dw * x.d[b];
         for (k, acc) in acc[b & 1].iter_mut().enumerate() {
             let lane: i32 = (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum();
             *acc = scale.mul_add(lane as f32, *acc);
         }
-        if let Some(m) = mw {
+        if let Some(m) = min {
             mins[b & 1] = m.mul_add(x.dsum[b], mins[b & 1]);
         }
     }
     let lanes: [f32; 8] = std::array::from_fn(|k| acc[0][k] + acc[1][k]);
     let total = hsum8(lanes);
-    Ok(if mw_present(dtype) {
-        total + (mins[0] + mins[1])
-    } else {
-        total
+    Ok(match dtype {
+        DType::Q4_1 => total + (mins[0] + mins[1]),
+        DType::Q4K => total - (mins[0] + mins[1]),
+        _ => total,
     })
 }
 
-/// Whether blocks of `dtype` carry a min (Q4_1), whose terms add after the lanes' sum.
-fn mw_present(dtype: DType) -> bool {
-    dtype == DType::Q4_1
-}
-
-/// One weight block's 32 integer values, its scale and (Q4_1) its min.
-fn block_values(dtype: DType, block: &[u8]) -> ([i32; 32], f32, Option<f32>) {
+/// Sub-block `j` (32 values) of a weight block: its integer values, its scale and the
+/// factor of its min term, if it has one: Q4_1's `m` (added), Q4_K's `dmin·m` (taken away).
+fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f32>) {
     let d = f16_le_to_f32([block[0], block[1]]);
     let nibble = |qs: &[u8], i: usize| i32::from(if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 });
     match dtype {
@@ -291,9 +295,20 @@ fn block_values(dtype: DType, block: &[u8]) -> ([i32; 32], f32, Option<f32>) {
             None,
         ),
         DType::Q4_0 => (std::array::from_fn(|i| nibble(&block[2..], i) - 8), d, None),
-        _ => {
+        DType::Q4_1 => {
             let m = f16_le_to_f32([block[2], block[3]]);
             (std::array::from_fn(|i| nibble(&block[4..], i)), d, Some(m))
+        }
+        _ => {
+            // Q4_K: sub-blocks 2c and 2c + 1 are the low and high nibbles of 32 bytes.
+            let (ds, dm) = scale_min_pairs(block)[j];
+            let chunk = &block[Q4_K_QS_OFFSET + 32 * (j / 2)..][..32];
+            let shift = 4 * (j % 2);
+            (
+                std::array::from_fn(|i| i32::from((chunk[i] >> shift) & 15)),
+                ds,
+                Some(dm),
+            )
         }
     }
 }

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 use super::hsum;
 use crate::cpu::int8::{BLOCK, Q8Row};
+use crate::quant::k_quants::q4_k_scale_min;
 
 /// Loads 32 bytes from `p`.
 ///
@@ -67,54 +68,69 @@ fn lanes_vnni(w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
 }
 
-/// How a weight block reads: its 32 values in one register, signed or not.
+/// One 32-value sub-block of a weight row, as the loop reads it: its values in one
+/// register (signed or not), its scale, and the factor of its min term (Q4_1's `m`, Q4_K's
+/// `dmin·m`; 0 for the types without one).
 #[derive(Clone, Copy)]
-struct Block {
+struct Sub {
     values: __m256i,
     signed: bool,
+    scale: f32,
+    min: f32,
 }
 
-/// The loop every kernel shares: blocks in pairs (even blocks into one set of
-/// accumulators, odd ones into the other, in registers); for each block, `unpack` its
-/// values, then each vector's 8 lanes (through `lanes`) scaled by `d_w·d_x`; with
-/// `min_at` (Q4_1: byte 2, its f16 min), the min terms `m·(d_x·Σq_x)` in two scalar
-/// chains by the same parity, added after the lanes' sum.
+/// What a row's min terms do to its total.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mins {
+    None,
+    /// Q4_1: value `d·q + m`.
+    Add,
+    /// Q4_K: value `(d·sc)·q − dmin·m`.
+    Subtract,
+}
+
+/// The loop every kernel shares, over the row's `blocks` 32-value sub-blocks in pairs
+/// (even ones into one set of accumulators, odd ones into the other, in registers): for
+/// each, `sub(b)` reads it, then each vector's 8 lanes (through `lanes`) are scaled by
+/// `scale·d_x`; the min terms `min·(d_x·Σq_x)` go into two scalar chains by the same
+/// parity, added to or taken from the lanes' sum at the end.
 ///
 /// # Safety
-/// Needs AVX2, FMA, F16C and whatever `lanes` needs.
+/// Needs AVX2, FMA, F16C and whatever `lanes` and `sub` need; `sub(b)` reads inside the
+/// row for every `b < blocks`.
 #[inline(always)]
-unsafe fn dot_blocks<const BYTES: usize, const T: usize>(
-    w: &[u8],
+unsafe fn dot_blocks<const T: usize>(
+    blocks: usize,
     xs: [Q8Row<'_>; T],
-    min_at: Option<usize>,
-    unpack: impl Fn(*const u8) -> Block,
+    mins: Mins,
+    sub: impl Fn(usize) -> Sub,
     lanes: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f32; T] {
-    let blocks = w.len() / BYTES;
     // The one check the raw reads below rely on.
     assert!(
         xs.iter()
             .all(|x| x.d.len() >= blocks && x.dsum.len() >= blocks && x.qs.len() >= blocks * BLOCK),
         "quantized activations shorter than the weight row"
     );
-    // SAFETY: every intrinsic and read below has the caller's features; block
-    // `b < blocks` lies in `w`, and every vector holds `blocks` scales and `32 · blocks`
-    // values (asserted above).
+    // SAFETY: every intrinsic and read below has the caller's features; every vector
+    // holds `blocks` scales and `32 · blocks` values (asserted above).
     unsafe {
         // A macro, not a closure: a closure would not inherit the caller's target
         // features, and its intrinsics would become calls.
         macro_rules! step {
             ($b:expr, $acc:ident, $mins:ident) => {{
                 let b = $b;
-                let block = w.as_ptr().add(b * BYTES);
-                let Block { values, signed } = unpack(block);
-                let dw = f16_at(block);
+                let Sub {
+                    values,
+                    signed,
+                    scale,
+                    min,
+                } = sub(b);
                 let unsigned = if signed {
                     _mm256_sign_epi8(values, values)
                 } else {
                     values
                 };
-                let m = min_at.map(|at| f16_at(block.add(at)));
                 for t in 0..T {
                     let x = &xs[t];
                     let mut xq = load32(x.qs.as_ptr().add(b * BLOCK).cast());
@@ -123,9 +139,9 @@ unsafe fn dot_blocks<const BYTES: usize, const T: usize>(
                     }
                     let sums = _mm256_cvtepi32_ps(lanes(unsigned, xq));
                     let dx = *x.d.get_unchecked(b);
-                    $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), sums, $acc[t]);
-                    if let Some(m) = m {
-                        $mins[t] = m.mul_add(*x.dsum.get_unchecked(b), $mins[t]);
+                    $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
+                    if mins != Mins::None {
+                        $mins[t] = min.mul_add(*x.dsum.get_unchecked(b), $mins[t]);
                     }
                 }
             }};
@@ -143,30 +159,31 @@ unsafe fn dot_blocks<const BYTES: usize, const T: usize>(
         }
         std::array::from_fn(|t| {
             let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
-            if min_at.is_some() {
-                total + (mins0[t] + mins1[t])
-            } else {
-                total
+            match mins {
+                Mins::None => total,
+                Mins::Add => total + (mins0[t] + mins1[t]),
+                Mins::Subtract => total - (mins0[t] + mins1[t]),
             }
         })
     }
 }
 
-/// One kernel: `$name`, compiled for `$features`, its lanes through `$lanes`.
+/// One kernel: `$name`, compiled for `$features`, its lanes through `$lanes`, reading the
+/// row `$w` with `$blocks` sub-blocks through `|$b| $sub`.
 macro_rules! int8_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident, $bytes:literal,
-     $min_at:expr, |$block:ident| $unpack:expr) => {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident, $mins:expr,
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
-        pub unsafe fn $name<const T: usize>(w: &[u8], xs: [Q8Row<'_>; T]) -> [f32; T] {
+        pub unsafe fn $name<const T: usize>($w: &[u8], xs: [Q8Row<'_>; T]) -> [f32; T] {
             // SAFETY: the caller's features and lengths.
             unsafe {
-                dot_blocks::<$bytes, T>(
-                    w,
+                dot_blocks::<T>(
+                    $blocks,
                     xs,
-                    $min_at,
+                    $mins,
                     #[inline(always)]
-                    |$block| $unpack,
+                    |$b| $sub,
                     #[inline(always)]
                     |w, x| $lanes(w, x),
                 )
@@ -178,47 +195,66 @@ macro_rules! int8_kernel {
 /// A kernel and its VNNI twin from one block loop: `$avx2` through [`lanes_avx2`],
 /// `$vnni` through [`lanes_vnni`] (the same bits).
 macro_rules! int8_kernels {
-    ($(#[$doc:meta])* $avx2:ident, $vnni:ident, $bytes:literal, $min_at:expr,
-     |$block:ident| $unpack:expr) => {
+    ($(#[$doc:meta])* $avx2:ident, $vnni:ident, $mins:expr,
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr) => {
         int8_kernel!(
             $(#[$doc])*
             ///
             /// # Safety
-            /// Needs AVX2, FMA and F16C; `w` holds whole blocks, one per 32 values of
-            /// every vector.
-            $avx2, "avx2,fma,f16c", lanes_avx2, $bytes, $min_at, |$block| $unpack
+            /// Needs AVX2, FMA and F16C; `w` holds whole blocks, one 32-value sub-block per
+            /// scale of every vector.
+            $avx2, "avx2,fma,f16c", lanes_avx2, $mins, |$w| $blocks, |$b| $sub
         );
         int8_kernel!(
             $(#[$doc])*
             ///
             /// # Safety
             /// Needs AVX2, FMA, F16C, AVX-512 VNNI and VL; lengths as the AVX2 kernel.
-            $vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni, $bytes, $min_at,
-            |$block| $unpack
+            $vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni, $mins, |$w| $blocks,
+            |$b| $sub
         );
     };
 }
 
 int8_kernels!(
     /// Q8_0 row (f16 d, 32 × i8 per block) with 8-bit activations.
-    dot_q8_0, dot_q8_0_vnni, 34, None, |block| Block {
-        values: load32(block.add(2)),
-        signed: true,
+    dot_q8_0, dot_q8_0_vnni, Mins::None, |w| w.len() / 34, |b| {
+        let block = w.as_ptr().add(b * 34);
+        Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0 }
     }
 );
 
 int8_kernels!(
     /// Q4_0 row (f16 d, 16 bytes of nibbles; value q − 8) with 8-bit activations.
-    dot_q4_0, dot_q4_0_vnni, 18, None, |block| Block {
-        values: _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8)),
-        signed: true,
+    dot_q4_0, dot_q4_0_vnni, Mins::None, |w| w.len() / 18, |b| {
+        let block = w.as_ptr().add(b * 18);
+        let values = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
     }
 );
 
 int8_kernels!(
     /// Q4_1 row (f16 d, f16 m, 16 bytes of nibbles; value d·q + m) with 8-bit activations.
-    dot_q4_1, dot_q4_1_vnni, 20, Some(2), |block| Block {
-        values: nibbles(block.add(4)),
-        signed: false,
+    dot_q4_1, dot_q4_1_vnni, Mins::Add, |w| w.len() / 20, |b| {
+        let block = w.as_ptr().add(b * 20);
+        Sub { values: nibbles(block.add(4)), signed: false, scale: f16_at(block), min: f16_at(block.add(2)) }
+    }
+);
+
+int8_kernels!(
+    /// Q4_K row (256 values per block: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales
+    /// and mins, 128 bytes of nibbles; value `(d·sc)·q − dmin·m`) with 8-bit activations:
+    /// sub-blocks 2c and 2c + 1 are the low and high nibbles of the c-th 32 bytes.
+    dot_q4_k, dot_q4_k_vnni, Mins::Subtract, |w| w.len() / 144 * 8, |b| {
+        let block = w.as_ptr().add(b / 8 * 144);
+        let j = b % 8;
+        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
+        let (sc, m) = q4_k_scale_min(j, scales);
+        let qs = load32(block.add(16 + 32 * (j / 2)));
+        let shifted = if j % 2 == 0 { qs } else { _mm256_srli_epi16::<4>(qs) };
+        let values = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+        let scale = f16_at(block) * f32::from(sc);
+        let min = f16_at(block.add(2)) * f32::from(m);
+        Sub { values, signed: false, scale, min }
     }
 );

@@ -4,17 +4,20 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::quant;
 
-const TYPES: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const TYPES: [DType; 4] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K];
 
 /// `rows` random rows of `cols` values of `dtype`: random bytes, with every block's f16
-/// scale (and Q4_1 min) set to a finite value.
+/// scale (and Q4_1 min, Q4_K dmin) set to a finite value.
 fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let bytes = dtype.block_bytes();
-    let mut data: Vec<u8> = (0..rows * cols / 32 * bytes)
-        .map(|_| rng.random())
-        .collect();
+    let blocks = rows * cols / dtype.block_elems();
+    let mut data: Vec<u8> = (0..blocks * bytes).map(|_| rng.random()).collect();
     for block in data.chunks_exact_mut(bytes) {
-        let scales = if dtype == DType::Q4_1 { 2 } else { 1 };
+        let scales = if matches!(dtype, DType::Q4_1 | DType::Q4K) {
+            2
+        } else {
+            1
+        };
         for s in 0..scales {
             let value = half_bits(rng.random_range(-0.05f32..0.05));
             block[2 * s..2 * s + 2].copy_from_slice(&value.to_le_bytes());
@@ -109,7 +112,12 @@ fn every_path_gives_the_reference_bits_whatever_the_batch() {
     let mut rng = StdRng::seed_from_u64(7);
     let features = Features::get();
     for dtype in TYPES {
-        for cols in [32, 576, 1536] {
+        let sizes = [256, 768, 1536].map(|c| if dtype == DType::Q4K { c } else { c * 3 / 4 });
+        for cols in [32]
+            .into_iter()
+            .filter(|_| dtype != DType::Q4K)
+            .chain(sizes)
+        {
             let rows = 5;
             let data = random_rows(&mut rng, dtype, rows, cols);
             let n = 6;
@@ -168,7 +176,7 @@ fn bad_lengths_and_types_are_errors() {
         "past the vectors"
     );
     assert!(
-        acts.dot_rows(DType::Q4K, &row, 0, 2, &mut out).is_err(),
+        acts.dot_rows(DType::Q6K, &row, 0, 2, &mut out).is_err(),
         "no 8-bit kernel"
     );
     assert!(dot_reference(DType::F32, &row, acts.row(0)).is_err());
