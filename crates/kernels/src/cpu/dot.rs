@@ -170,13 +170,14 @@ impl<'a> BatchDot<'a> {
                     DType::Q4_1 => each_row!(row, xs, sums, avx2::dot_q4_1(row, xs, sums)),
                     DType::Q5_0 => each_row!(row, xs, _s, avx2::dot_q5_0(row, xs)),
                     DType::Q5_1 => each_row!(row, xs, sums, avx2::dot_q5_1(row, xs, sums)),
+                    DType::Q4K => each_row!(row, xs, _s, avx2::dot_q4_k(row, xs)),
                     DType::Q5K => each_row!(row, xs, _s, avx2::dot_q5_k(row, xs)),
                     DType::Q3K => each_row!(row, xs, _s, avx2::dot_q3_k(row, xs)),
                     DType::Q2K => each_row!(row, xs, _s, avx2::dot_q2_k(row, xs)),
                     DType::IQ4NL => each_row!(row, xs, _s, avx2::dot_iq4_nl(row, xs)),
                     DType::IQ4XS => each_row!(row, xs, _s, avx2::dot_iq4_xs(row, xs)),
                     DType::F8E4M3 => each_row!(row, xs, _s, avx2::dot_f8_e4m3(row, xs)),
-                    DType::Q4K | DType::Q6K => each_row!(
+                    DType::Q6K => each_row!(
                         row,
                         xs,
                         _s,

@@ -1,5 +1,5 @@
-//! AVX2 row-dots of the 256-value types Q5_K, Q3_K, Q2_K and IQ4_XS, on the helpers and the
-//! contract of the parent module.
+//! AVX2 row-dots of the 256-value types Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS, on the helpers
+//! and the contract of the parent module.
 //!
 //! A block is taken as 8 chunks of 32 values, each unpacked into 4 × 8 floats in registers
 //! and added into the running totals like one 32-value block of Q8_0 (`accumulate_block`,
@@ -12,7 +12,10 @@ use std::arch::x86_64::*;
 
 use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32};
 use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
-use crate::quant::k_quants::{BLOCK_Q5_K_BYTES, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET, scale_min_pairs};
+use crate::quant::k_quants::{
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET,
+    scale_min_pairs,
+};
 use crate::quant::k_quants_small::{
     BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q2_k_scales, q3_k_scales,
 };
@@ -121,6 +124,37 @@ pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
                 };
                 let high = _mm256_and_si256(bit_set(*qh, c), four);
                 let q = _mm256_or_si256(_mm256_and_si256(nibbles, low), high);
+                (scale_min(widen_256(q), [pairs[c]; 2]), one)
+            },
+        )
+    }
+}
+
+/// Q4_K row: value = (d·sc)·q − dmin·m with 4-bit `q`, 32-value sub-blocks: Q5_K without
+/// the high bits.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 144` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let (one, low) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(0x0f));
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q4_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| scale_min_pairs(block),
+            // Chunk c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..].
+            #[inline(always)]
+            |block, pairs, c| {
+                let nibbles = load32(block, Q4_K_QS_OFFSET + 32 * (c / 2));
+                let nibbles = match c % 2 {
+                    0 => nibbles,
+                    _ => _mm256_srli_epi16::<4>(nibbles),
+                };
+                let q = _mm256_and_si256(nibbles, low);
                 (scale_min(widen_256(q), [pairs[c]; 2]), one)
             },
         )
