@@ -21,7 +21,7 @@ mod fp8;
 pub(super) mod int8;
 mod k_quants;
 pub use fp8::dot_f8_e4m3;
-pub use k_quants::{dot_iq4_xs, dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k};
+pub use k_quants::{dot_iq4_xs, dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k};
 
 /// Sums the 8 lanes of `v`.
 #[inline]

@@ -177,12 +177,7 @@ impl<'a> BatchDot<'a> {
                     DType::IQ4NL => each_row!(row, xs, _s, avx2::dot_iq4_nl(row, xs)),
                     DType::IQ4XS => each_row!(row, xs, _s, avx2::dot_iq4_xs(row, xs)),
                     DType::F8E4M3 => each_row!(row, xs, _s, avx2::dot_f8_e4m3(row, xs)),
-                    DType::Q6K => each_row!(
-                        row,
-                        xs,
-                        _s,
-                        dequantize_dot(self.dtype, row, xs, |a, b| avx2::dot_f32(a, b))
-                    ),
+                    DType::Q6K => each_row!(row, xs, _s, avx2::dot_q6_k(row, xs)),
                 }
             }
             return Ok(());
@@ -239,29 +234,6 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         return unsafe { super::avx2::dot_f32(a, [b])[0] };
     }
     a.iter().zip(b).map(|(a, b)| a * b).sum()
-}
-
-/// Dequantizes one block at a time into a stack buffer, once for all `T` vectors, and dots it
-/// with each vector's block with `dot`; each vector's per-block sums add up in block order.
-fn dequantize_dot<const T: usize>(
-    dtype: DType,
-    row: &[u8],
-    xs: [&[f32]; T],
-    dot: impl Fn(&[f32], [&[f32]; T]) -> [f32; T],
-) -> [f32; T] {
-    let n = dtype.block_elems();
-    let mut buf = [0.0f32; 256];
-    let mut totals = [0.0f32; T];
-    for (b, block) in row.chunks_exact(dtype.block_bytes()).enumerate() {
-        // Lengths match by construction (checked by `BatchDot::dot_rows`), so this cannot fail.
-        if quant::dequantize_row(dtype, block, &mut buf[..n]).is_ok() {
-            let sums = dot(&buf[..n], xs.map(|x| &x[b * n..(b + 1) * n]));
-            for (total, sum) in totals.iter_mut().zip(sums) {
-                *total += sum;
-            }
-        }
-    }
-    totals
 }
 
 /// Views little-endian f32 bytes as floats, copying only when the bytes are misaligned.

@@ -1,5 +1,5 @@
-//! AVX2 row-dots of the 256-value types Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS, on the helpers
-//! and the contract of the parent module.
+//! AVX2 row-dots of the 256-value types Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS, on the
+//! helpers and the contract of the parent module.
 //!
 //! A block is taken as 8 chunks of 32 values, each unpacked into 4 × 8 floats in registers
 //! and added into the running totals like one 32-value block of Q8_0 (`accumulate_block`,
@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32};
 use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
 use crate::quant::k_quants::{
-    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET,
-    scale_min_pairs,
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET,
+    Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, scale_min_pairs,
 };
 use crate::quant::k_quants_small::{
     BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q2_k_scales, q3_k_scales,
@@ -156,6 +156,48 @@ pub unsafe fn dot_q4_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
                 };
                 let q = _mm256_and_si256(nibbles, low);
                 (scale_min(widen_256(q), [pairs[c]; 2]), one)
+            },
+        )
+    }
+}
+
+/// Q6_K row: value = (d·sc)·(q − 32) with 6-bit `q` (4 low bits from `ql`, 2 high bits from
+/// `qh`) and signed 8-bit `sc` per 16-value sub-block.
+///
+/// # Safety
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 210` for every `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
+    let (one, low, offset) = (
+        _mm256_set1_ps(1.0),
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi8(32),
+    );
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunks::<BLOCK_Q6_K_BYTES, T, _>(
+            w,
+            xs,
+            #[inline(always)]
+            |block| f16_at(block, Q6_K_D_OFFSET),
+            // Chunk c = 4h + k (h: which 128 values, k: which 32 of them): the low (k < 2)
+            // or high nibbles of ql[64h + 32·(k mod 2)..], bits 2k.. of qh[32h..]; its two
+            // halves scaled by sc[8h + 2k] and sc[8h + 2k + 1].
+            #[inline(always)]
+            |block, d, c| {
+                let (h, k) = (c / 4, c % 4);
+                let ql = load32(block, 64 * h + 32 * (k % 2));
+                let nibbles = match k {
+                    0 | 1 => ql,
+                    _ => _mm256_srli_epi16::<4>(ql),
+                };
+                let qh = load32(block, Q6_K_QH_OFFSET + 32 * h);
+                let high = _mm256_slli_epi16::<4>(two_bits(qh, k));
+                let q = _mm256_or_si256(_mm256_and_si256(nibbles, low), high);
+                let q = widen_256(_mm256_sub_epi8(q, offset));
+                let sc = |i: usize| f32::from(block[Q6_K_SCALES_OFFSET + 8 * h + 2 * k + i] as i8);
+                (scale_min(q, [(d * sc(0), 0.0), (d * sc(1), 0.0)]), one)
             },
         )
     }
