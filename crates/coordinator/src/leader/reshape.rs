@@ -10,7 +10,6 @@
 //! A new leader starts the groups of the topology in force, and goes on from there.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_comm::proto::{Epoch, Term, WireError};
@@ -23,7 +22,7 @@ use super::{GROUP_DRAIN, JOURNAL_TIMEOUT, Leadership};
 use crate::cluster::{Cluster, first_version};
 use crate::engine::TopologyApplied;
 use crate::error::CoordinatorError;
-use crate::live::{MAX_TOPOLOGY_BYTES, TopologyChange, model_records};
+use crate::live::{MAX_TOPOLOGY_BYTES, TopologyChange, model_records, parse_text};
 use crate::replication::state::{Command, Outcome};
 
 /// How often the groups are checked against the topology, besides every change of it.
@@ -48,10 +47,7 @@ impl Leadership {
             let kib = MAX_TOPOLOGY_BYTES / 1024;
             return Err(refused(format!("the topology is over {kib} KiB")));
         }
-        let next = Topology::parse(&text, Path::new(&path)).map_err(|issues| {
-            let issues: Vec<String> = issues.iter().map(ToString::to_string).collect();
-            refused(issues.join("; "))
-        })?;
+        let next = parse_text(&text, &path).map_err(refused)?;
         let summary = self.node.summary().borrow().clone();
         let canaries: Vec<String> = (summary.rollouts.iter())
             .filter(|(_, r)| r.canary.is_some())

@@ -79,7 +79,12 @@ impl LiveTopology {
 /// The topology of an applied text: relative paths resolve against its file's directory,
 /// as they did on the peer that applied it.
 pub fn parse(applied: &AppliedTopology) -> Result<Topology, String> {
-    Topology::parse(&applied.text, Path::new(&applied.path)).map_err(|issues| {
+    parse_text(&applied.text, &applied.path)
+}
+
+/// The topology `text` of file `path`, or every issue found, in one line.
+pub fn parse_text(text: &str, path: &str) -> Result<Topology, String> {
+    Topology::parse(text, Path::new(path)).map_err(|issues| {
         let issues: Vec<String> = issues.iter().map(ToString::to_string).collect();
         issues.join("; ")
     })

@@ -19,22 +19,11 @@ fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<
             1
         };
         for s in 0..scales {
-            let value = half_bits(rng.random_range(-0.05f32..0.05));
+            let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05)).to_bits();
             block[2 * s..2 * s + 2].copy_from_slice(&value.to_le_bytes());
         }
     }
     data
-}
-
-/// The f16 bits nearest below `v` (enough for a test scale).
-fn half_bits(v: f32) -> u16 {
-    let bits = v.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-    if exp <= 0 {
-        return sign;
-    }
-    sign | ((exp as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
 }
 
 fn random_acts(rng: &mut StdRng, n: usize, cols: usize) -> Vec<f32> {
