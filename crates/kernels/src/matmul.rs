@@ -126,36 +126,85 @@ pub fn matmul_in(
     ys: &mut [f32],
     precision: Precision,
 ) -> Result<(), KernelError> {
+    matmul_input(w, &Input::new(xs, precision), ys)
+}
+
+/// Activation vectors for one or more matmuls in one precision. In `fast`, their 8-bit
+/// blocks are made once, on first use, and shared by every matmul of this input (a
+/// layer's q, k and v; gate and up), in buffers reused from input to input on this thread.
+#[derive(Debug)]
+pub struct Input<'a> {
+    xs: &'a [f32],
+    precision: Precision,
+    q8: std::cell::OnceCell<Q8Acts>,
+}
+
+impl<'a> Input<'a> {
+    pub fn new(xs: &'a [f32], precision: Precision) -> Input<'a> {
+        Input {
+            xs,
+            precision,
+            q8: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Values in all (vectors × columns).
+    pub fn len(&self) -> usize {
+        self.xs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.xs.is_empty()
+    }
+
+    /// The 8-bit blocks of rows of `cols` values (every matmul of one input has the same).
+    fn quantized(&self, cols: usize) -> Result<&Q8Acts, KernelError> {
+        if let Some(acts) = self.q8.get() {
+            if acts.cols() != cols {
+                return Err(KernelError::Length {
+                    what: "columns of another matmul of the same input",
+                    expected: acts.cols(),
+                    actual: cols,
+                });
+            }
+            return Ok(acts);
+        }
+        let mut acts = SPARE.with_borrow_mut(Option::take).unwrap_or_default();
+        acts.requantize(self.xs, cols)?;
+        Ok(self.q8.get_or_init(|| acts))
+    }
+}
+
+impl Drop for Input<'_> {
+    fn drop(&mut self) {
+        if let Some(acts) = self.q8.take() {
+            SPARE.with_borrow_mut(|spare| *spare = Some(acts));
+        }
+    }
+}
+
+thread_local! {
+    /// The buffers of the last dropped [`Input`] on this thread, for the next one.
+    static SPARE: std::cell::RefCell<Option<Q8Acts>> = const { std::cell::RefCell::new(None) };
+}
+
+/// [`matmul`] of `x`'s vectors, in its precision.
+pub fn matmul_input(w: &MatRef<'_>, x: &Input<'_>, ys: &mut [f32]) -> Result<(), KernelError> {
+    let xs = x.xs;
     let n = check_lengths(w, xs, ys)?;
     if n == 0 || w.rows == 0 {
         return Ok(());
     }
-    if precision.quantizes(w.dtype, w.cols) {
-        return QUANTIZED.with(|cell| {
-            // This thread's buffers, reused from call to call (a fresh set in the unlikely
-            // case that a call nests in another on this thread).
-            let mut fresh = Q8Acts::default();
-            let mut held = cell.try_borrow_mut();
-            let acts = match held.as_deref_mut() {
-                Ok(acts) => acts,
-                Err(_) => &mut fresh,
-            };
-            acts.requantize(xs, w.cols)?;
-            let acts = &*acts;
-            let dot = |rows: &[u8], first, count, out: &mut [f32]| {
-                acts.dot_rows(w.dtype, rows, first, count, out)
-            };
-            by_rows(w, n, Q8Acts::GROUP, ys, dot)
-        });
+    if x.precision.quantizes(w.dtype, w.cols) {
+        let acts = x.quantized(w.cols)?;
+        let dot = |rows: &[u8], first, count, out: &mut [f32]| {
+            acts.dot_rows(w.dtype, rows, first, count, out)
+        };
+        return by_rows(w, n, Q8Acts::GROUP, ys, dot);
     }
     let dots = BatchDot::new(xs, w.cols, w.dtype)?;
     let dot = |rows: &[u8], first, count, out: &mut [f32]| dots.dot_rows(rows, first, count, out);
     by_rows(w, n, dots.group(), ys, dot)
-}
-
-thread_local! {
-    /// The 8-bit activations of the last `fast` matmul on this thread.
-    static QUANTIZED: std::cell::RefCell<Q8Acts> = std::cell::RefCell::default();
 }
 
 /// Splits `w`'s rows across the pool and calls `dot(rows, first, count, out)` for groups of

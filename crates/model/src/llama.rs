@@ -40,7 +40,7 @@ use std::ops::Range;
 use tessera_comm::Collective;
 use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
 use tessera_kernels::attention::{KvLayout, paged_attention};
-use tessera_kernels::matmul::{Precision as KernelPrecision, matmul_in};
+use tessera_kernels::matmul::{Input, Precision as KernelPrecision, matmul_input};
 use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::{Precision, RankPlan};
@@ -63,16 +63,11 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
-    /// `ys = W·xs (+ bias)` for `xs.len() / cols` tokens.
-    fn apply(
-        &self,
-        xs: &[f32],
-        ys: &mut Vec<f32>,
-        precision: KernelPrecision,
-    ) -> Result<(), ModelError> {
-        let n = xs.len() / self.weight.cols;
+    /// `ys = W·x (+ bias)` for the input's `len / cols` tokens.
+    fn apply(&self, x: &Input<'_>, ys: &mut Vec<f32>) -> Result<(), ModelError> {
+        let n = x.len() / self.weight.cols;
         ys.resize(n * self.weight.rows, 0.0);
-        matmul_in(&self.weight.mat(), xs, ys, precision)?;
+        matmul_input(&self.weight.mat(), x, ys)?;
         if let Some(bias) = &self.bias {
             for y in ys.chunks_exact_mut(bias.len()) {
                 y.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
@@ -136,9 +131,12 @@ impl Layer {
             rms_norm(x, &self.attn_norm, c.rms_norm_eps, h);
         }
         let p = pass.precision;
-        self.q.apply(&s.h, &mut s.q, p)?;
-        self.k.apply(&s.h, &mut s.k, p)?;
-        self.v.apply(&s.h, &mut s.v, p)?;
+        // One input for q, k and v: in `fast`, quantized once.
+        let h = Input::new(&s.h, p);
+        self.q.apply(&h, &mut s.q)?;
+        self.k.apply(&h, &mut s.k)?;
+        self.v.apply(&h, &mut s.v)?;
+        drop(h);
         let q_len = pass.heads * c.head_dim;
         let kv_len = pass.kv_heads * c.head_dim;
         let rows =
@@ -166,20 +164,22 @@ impl Layer {
             &c.block.attention(l),
             &mut s.attn,
         );
-        self.o.apply(&s.attn, &mut s.o, p)?;
+        self.o.apply(&Input::new(&s.attn, p), &mut s.o)?;
         comm.all_reduce_sum(&mut s.o)?;
         post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
         let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
         for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
             add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
         }
-        self.gate.apply(&s.h, &mut s.gate, p)?;
-        self.up.apply(&s.h, &mut s.up, p)?;
+        let h = Input::new(&s.h, p);
+        self.gate.apply(&h, &mut s.gate)?;
+        self.up.apply(&h, &mut s.up)?;
+        drop(h);
         match c.block.activation {
             Activation::Silu => silu_mul(&mut s.gate, &s.up),
             Activation::GeluTanh => gelu_tanh_mul(&mut s.gate, &s.up),
         }
-        self.down.apply(&s.gate, &mut s.down, p)?;
+        self.down.apply(&Input::new(&s.gate, p), &mut s.down)?;
         comm.all_reduce_sum(&mut s.down)?;
         post_norm(&mut s.down, self.post_ffn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
@@ -445,7 +445,8 @@ impl Llama {
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut rows = vec![0.0; n * head.rows];
-        matmul_in(&head.mat(), normed, &mut rows, self.kernel_precision())?;
+        let normed = Input::new(normed, self.kernel_precision());
+        matmul_input(&head.mat(), &normed, &mut rows)?;
         let mut logits = self.sharding.gather_logits(&rows, n, comm)?;
         if let Some(cap) = self.config.block.final_softcap {
             // After the gather: a cap would turn the padding's −∞ into −cap.

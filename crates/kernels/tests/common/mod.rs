@@ -133,7 +133,7 @@ pub fn check_batch_invariance(seed: u64, cases_per_dtype: usize) {
 /// step of the 8-bit quantization of the exact product.
 pub fn check_fast_batch_invariance(seed: u64, cases_per_dtype: usize) {
     use tessera_kernels::cpu::int8::{self, Q8Acts};
-    use tessera_kernels::matmul::{Precision, matmul_in};
+    use tessera_kernels::matmul::{Input, Precision, matmul_in, matmul_input};
     let mut rng = StdRng::seed_from_u64(seed);
     let one_thread = one_thread_pool();
     let dtypes = DType::ALL.into_iter().filter(|&d| int8::supports(d));
@@ -143,6 +143,28 @@ pub fn check_fast_batch_invariance(seed: u64, cases_per_dtype: usize) {
             let w = MatRef::new(dtype, rows, cols, &data).unwrap();
             let mut batched = vec![f32::NAN; n * rows];
             matmul_in(&w, &xs, &mut batched, Precision::Fast).unwrap();
+            // One input for two matmuls (as q, k and v share one): quantized once, the
+            // same bits both times; a matmul of other columns on it is refused.
+            let input = Input::new(&xs, Precision::Fast);
+            for _ in 0..2 {
+                let mut shared = vec![f32::NAN; n * rows];
+                matmul_input(&w, &input, &mut shared).unwrap();
+                assert!(
+                    shared
+                        .iter()
+                        .zip(&batched)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                );
+            }
+            if cols > 32 && int8::supports(DType::Q8_0) {
+                let other = MatRef::new(DType::Q8_0, 1, 32, &[0u8; 34]).unwrap();
+                let mut y = vec![0.0; n * cols / 32];
+                assert!(
+                    matmul_input(&other, &input, &mut y).is_err(),
+                    "{dtype} cols {cols}"
+                );
+            }
+            drop(input);
             let mut exact = vec![f32::NAN; n * rows];
             matmul(&w, &xs, &mut exact).unwrap();
             for (t, x) in xs.chunks_exact(cols).enumerate() {
