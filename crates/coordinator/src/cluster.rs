@@ -218,18 +218,26 @@ impl Cluster {
         group.generate(id, request, generated).await
     }
 
-    /// Why no group of `model` takes requests: it has none, or every one is drained.
+    /// Why no group of `model` takes requests: it has none, or every one is drained or
+    /// moving to another version.
     fn no_route(&self, model: String) -> WireError {
-        let drained: Vec<String> = self
-            .groups()
-            .iter()
-            .filter(|g| g.model == model)
+        let groups = self.groups();
+        let of_model = || groups.iter().filter(|g| g.model == model);
+        let switching: Vec<String> = (of_model())
+            .filter(|g| !g.is_drained())
             .map(|g| g.name.clone())
             .collect();
-        if drained.is_empty() {
+        let all: Vec<String> = of_model().map(|g| g.name.clone()).collect();
+        if all.is_empty() {
             CoordinatorError::NoGroupForModel { model }.into()
+        } else if switching.is_empty() {
+            CoordinatorError::ModelDrained {
+                model,
+                drained: all,
+            }
+            .into()
         } else {
-            CoordinatorError::ModelDrained { model, drained }.into()
+            CoordinatorError::ModelSwitching { model, switching }.into()
         }
     }
 

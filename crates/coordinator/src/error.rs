@@ -26,6 +26,14 @@ pub enum CoordinatorError {
          `tessera group resume NAME`", drained.join(", ")
     )]
     ModelDrained { model: String, drained: Vec<String> },
+    #[error(
+        "every group of model `{model}` that is not drained is moving to another version \
+         of it ({}); retry in a moment", switching.join(", ")
+    )]
+    ModelSwitching {
+        model: String,
+        switching: Vec<String>,
+    },
     #[error("every group of model `{model}` has a full queue; retry later")]
     QueuesFull { model: String },
     #[error(
@@ -192,6 +200,7 @@ impl CoordinatorError {
             | E::EndedUnfinished { .. }
             | E::MembershipNotCommitted { .. }
             | E::ModelDrained { .. }
+            | E::ModelSwitching { .. }
             | E::DrainNotCommitted { .. }
             | E::RolloutNotCommitted { .. }
             | E::TopologyNotCommitted { .. }

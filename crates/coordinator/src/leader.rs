@@ -175,7 +175,6 @@ impl Leadership {
                 tokio::spawn(self.clone().follow_rollouts(
                     cluster.clone(),
                     role.term,
-                    sources,
                     self.canary,
                     limits.assign_deadline,
                 ));

@@ -163,6 +163,13 @@ fn groups_and_models_come_and_go_while_the_others_run_on() {
         issue_one(&cluster.certs, &identity).expect("a certificate for the new shard");
     }
     cluster.topology = second.clone();
+    // An added group starts on its model's version: the leader's rollout loop (which
+    // looks every second) leaves it in routing instead of switching it to that version.
+    std::thread::sleep(Duration::from_millis(1500));
+    for name in ["b", "c"] {
+        let waiting = group(&url, name).unwrap();
+        assert_eq!(waiting["switching"], json!(false), "{waiting}");
+    }
     let slow = [("TESSERA_FAULT_STEP_DELAY_MS", "100")];
     for (group, rank) in [("b", 0), ("b", 1), ("c", 0)] {
         cluster

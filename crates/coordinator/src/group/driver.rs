@@ -18,8 +18,8 @@
 //! metrics, timing reports).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera_comm::proto::{
@@ -211,6 +211,7 @@ pub fn spawn(config: GroupConfig, seq_ids: Arc<AtomicU64>) -> GroupHandle {
     };
     let shared = Arc::new(Shared {
         max_waiting: config.scheduler.max_waiting,
+        asked: Mutex::new(config.source.clone()),
         ..Shared::default()
     });
     let handle = GroupHandle {

@@ -47,6 +47,8 @@ pub struct Shared {
     switching: AtomicBool,
     /// The model version of the epoch served last (0 before the first).
     version: AtomicU32,
+    /// The model version the group was started with or last asked to serve.
+    asked: Mutex<ModelSource>,
     waiting: AtomicUsize,
     max_waiting: usize,
     status: Mutex<GroupStatus>,
@@ -127,9 +129,25 @@ impl GroupHandle {
         self.shared.version.load(Ordering::Relaxed)
     }
 
+    /// The model version it was started with or last asked to serve (which it may not
+    /// serve yet).
+    pub fn asked(&self) -> ModelSource {
+        (self
+            .shared
+            .asked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+        .clone()
+    }
+
     /// Serves model version `source` from its next epoch on; the current epoch ends
     /// (drain the group first: what still runs in it fails).
     pub async fn serve(&self, source: ModelSource) -> Result<(), WireError> {
+        *self
+            .shared
+            .asked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = source.clone();
         self.commands
             .send(GroupCommand::Serve { source })
             .await

@@ -121,7 +121,6 @@ impl Leadership {
         self,
         cluster: Cluster,
         term: Term,
-        mut sent: BTreeMap<String, ModelSource>,
         thresholds: Thresholds,
         ready_wait: Duration,
     ) {
@@ -144,16 +143,16 @@ impl Leadership {
                 continue; // the state changed: act on it now
             }
             if moving.as_ref().is_none_or(JoinHandle::is_finished) {
+                // A group is compared with what it was last asked to serve (or started
+                // with: a group the topology adds starts on its target).
                 let targets = targets(&now, &self.topology.current());
-                let next = targets.into_iter().find(|(g, s)| sent.get(g) != Some(s));
-                if let Some((name, source)) = next
-                    && let Some(group) = cluster.group(&name)
-                {
-                    sent.insert(name, source.clone());
+                let next = (targets.into_iter())
+                    .filter_map(|(name, source)| Some((cluster.group(&name)?, source)))
+                    .find(|(group, source)| group.asked() != *source);
+                if let Some((group, source)) = next {
                     // Out of routing before this loop goes on (a rolled-back canary
                     // takes no request from now on).
                     group.set_switching(true);
-                    let group = group.clone();
                     moving = Some(tokio::spawn(switch_group(group, source, ready_wait)));
                 }
             }
