@@ -10,15 +10,16 @@ use super::Features;
 use crate::{DType, KernelError, quant};
 
 /// Activation vectors prepared for many row dot products: `n` vectors of `cols` values laid
-/// out one after another, plus the per-32-block sums that the Q4_1 and Q5_1 min terms need,
-/// computed once instead of once per row.
+/// out one after another, plus what a type's kernel wants of each vector, made once instead
+/// of once per row: the per-32-block sums of the Q4_1 and Q5_1 min terms, or the vector in
+/// the lane order of the AVX2 Q2_K kernel ([`interleave_q2_k`]).
 #[derive(Debug)]
 pub struct BatchDot<'a> {
     dtype: DType,
     cols: usize,
     xs: &'a [f32],
-    /// `cols / 32` sums per vector (Q4_1 and Q5_1 only).
-    block_sums: Vec<f32>,
+    /// The same number of values per vector (empty for other types).
+    prepared: Vec<f32>,
     features: Features,
 }
 
@@ -33,17 +34,18 @@ impl<'a> BatchDot<'a> {
                 actual: xs.len(),
             });
         }
-        let block_sums = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
-            xs.chunks(32).map(|c| c.iter().sum()).collect()
-        } else {
-            Vec::new()
+        let features = Features::get();
+        let prepared = match dtype {
+            DType::Q4_1 | DType::Q5_1 => xs.chunks(32).map(|c| c.iter().sum()).collect(),
+            DType::Q2K if features.avx2 => interleave_q2_k(xs),
+            _ => Vec::new(),
         };
         Ok(BatchDot {
             dtype,
             cols,
             xs,
-            block_sums,
-            features: Features::get(),
+            prepared,
+            features,
         })
     }
 
@@ -116,13 +118,11 @@ impl<'a> BatchDot<'a> {
         std::array::from_fn(|j| &self.xs[(first + j) * cols..][..cols])
     }
 
-    /// The Q4_1 / Q5_1 block sums of `T` vectors from `first` on (empty slices for other types).
+    /// What the type's kernel wants of `T` vectors from `first` on (empty slices for other
+    /// types).
     fn sums<const T: usize>(&self, first: usize) -> [&[f32]; T] {
-        let blocks = self.cols / 32;
-        if self.block_sums.is_empty() {
-            return [&[]; T];
-        }
-        std::array::from_fn(|j| &self.block_sums[(first + j) * blocks..][..blocks])
+        let each = self.prepared.len() / self.len().max(1);
+        std::array::from_fn(|j| &self.prepared[(first + j) * each..][..each])
     }
 
     /// Each row with the run's vectors in groups of `T`, then one at a time: a vector's bits
@@ -159,7 +159,7 @@ impl<'a> BatchDot<'a> {
             // SAFETY: `features.avx2` says AVX2, FMA and F16C are present; `dot_rows` checked
             // that every row holds exactly the bytes of `cols` values of `dtype`, and every
             // `x` is `cols` long (sliced by `xs`), with `cols / 32` block sums each for Q4_1 and
-            // Q5_1.
+            // Q5_1, and `cols` interleaved values each for Q2_K.
             unsafe {
                 match self.dtype {
                     DType::F32 => each_row!(row, xs, _s, avx2::dot_f32(&bytemuck_f32(row), xs)),
@@ -173,7 +173,7 @@ impl<'a> BatchDot<'a> {
                     DType::Q4K => each_row!(row, xs, _s, avx2::dot_q4_k(row, xs)),
                     DType::Q5K => each_row!(row, xs, _s, avx2::dot_q5_k(row, xs)),
                     DType::Q3K => each_row!(row, xs, _s, avx2::dot_q3_k(row, xs)),
-                    DType::Q2K => each_row!(row, xs, _s, avx2::dot_q2_k(row, xs)),
+                    DType::Q2K => each_row!(row, _x, lanes, avx2::dot_q2_k(row, lanes)),
                     DType::IQ4NL => each_row!(row, xs, _s, avx2::dot_iq4_nl(row, xs)),
                     DType::IQ4XS => each_row!(row, xs, _s, avx2::dot_iq4_xs(row, xs)),
                     DType::F8E4M3 => each_row!(row, xs, _s, avx2::dot_f8_e4m3(row, xs)),
@@ -185,6 +185,15 @@ impl<'a> BatchDot<'a> {
         each_row!(row, xs, _s, quant::dot_rows(self.dtype, row, xs)?);
         Ok(())
     }
+}
+
+/// `xs` with each 32 values `v` reordered so that position `8k + i` holds `v[4i + k]`: the
+/// order in which the AVX2 Q2_K kernel unpacks a block's 2-bit values, 8 per register
+/// (`k`: the byte of each 32-bit lane it shifts down, `i`: the lane).
+fn interleave_q2_k(xs: &[f32]) -> Vec<f32> {
+    (xs.chunks_exact(32))
+        .flat_map(|v| (0..32).map(move |p| v[4 * (p % 8) + p / 8]))
+        .collect()
 }
 
 /// The rows and the run of vectors of one [`BatchDot::dot_rows`] call, checked.

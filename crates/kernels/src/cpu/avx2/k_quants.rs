@@ -10,14 +10,14 @@
 
 use std::arch::x86_64::*;
 
-use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32};
+use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32, widen_i8};
 use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
 use crate::quant::k_quants::{
     BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET,
     Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, scale_min_pairs,
 };
 use crate::quant::k_quants_small::{
-    BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q2_k_scales, q3_k_scales,
+    BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_D_OFFSET, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q3_k_scales,
 };
 
 /// Σ over the 256-value blocks of a row, chunk by chunk: `prepare(block)` once per block
@@ -203,7 +203,13 @@ pub unsafe fn dot_q6_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     }
 }
 
-/// Q2_K row: value = (d·sc)·q − dmin·m with 2-bit `q`, 16-value sub-blocks.
+/// Q2_K row: value = (d·sc)·q − dmin·m with 2-bit `q`, 16-value sub-blocks, against
+/// vectors in the lane order of `interleave_q2_k` (`dot.rs`).
+///
+/// With 4 values to a sub-block, each chunk's values are looked up rather than converted:
+/// `vpermilps` picks from a table of `d·sc·q − dmin·m` for q = 0..4 (lanes 0..4 for one
+/// sub-block, 4..8 for the next) by the low 2 bits of each 32-bit lane, so shifting the
+/// chunk's 32 bytes right by `8k + 2j` gives the values of bytes `4i + k` in lane `i`.
 ///
 /// # Safety
 /// Needs AVX2, FMA and F16C; `w.len() == x.len() / 256 * 84` for every `x`.
@@ -216,16 +222,44 @@ pub unsafe fn dot_q2_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
         dot_chunks::<BLOCK_Q2_K_BYTES, T, _>(
             w,
             xs,
-            q2_k_scales,
+            #[inline(always)]
+            |block| q2_k_tables(block),
             // Chunk c = 4h + j: bits 2j.. of qs[32h..]; sub-blocks 2c and 2c + 1.
             #[inline(always)]
-            |block, scales, c| {
+            |block, tables, c| {
                 let qs = load32(block, Q2_K_QS_OFFSET + 32 * (c / 4));
-                let q = widen_256(two_bits(qs, c % 4));
-                (scale_min(q, [scales[2 * c], scales[2 * c + 1]]), one)
+                let lanes = |k: usize| {
+                    let shift = _mm_cvtsi32_si128((8 * k + 2 * (c % 4)) as i32);
+                    _mm256_permutevar_ps(tables[c], _mm256_srl_epi32(qs, shift))
+                };
+                ([lanes(0), lanes(1), lanes(2), lanes(3)], one)
             },
         )
     }
+}
+
+/// A Q2_K block's 8 lookup tables, one per chunk of 32 values: for chunk `c`, lanes `q` and
+/// `4 + q` hold `(d·sc)·q − dmin·m` of sub-blocks `2c` and `2c + 1`, made as
+/// [`crate::quant::k_quants_small::q2_k_scales`] and the dequantization make them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2_k_tables(block: &[u8; BLOCK_Q2_K_BYTES]) -> [__m256; 8] {
+    let (packed, low) = (load16(block, 0), _mm_set1_epi8(0x0f));
+    let scales = _mm_and_si128(packed, low);
+    let mins = _mm_and_si128(_mm_srli_epi16::<4>(packed), low);
+    let d = _mm256_set1_ps(f16_at(block, Q2_K_D_OFFSET));
+    let dmin = _mm256_set1_ps(f16_at(block, Q2_K_D_OFFSET + 2));
+    // Sub-blocks 0..8 and 8..16.
+    let halves = [scales, _mm_srli_si128::<8>(scales)].map(|v| _mm256_mul_ps(d, widen_i8(v)));
+    let minimums = [mins, _mm_srli_si128::<8>(mins)].map(|v| _mm256_mul_ps(dmin, widen_i8(v)));
+    let steps = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0);
+    std::array::from_fn(|c| {
+        let s = (2 * (c % 4)) as i32;
+        let pick = _mm256_setr_epi32(s, s, s, s, s + 1, s + 1, s + 1, s + 1);
+        let scale = _mm256_permutevar8x32_ps(halves[c / 4], pick);
+        let minimum = _mm256_permutevar8x32_ps(minimums[c / 4], pick);
+        _mm256_fmsub_ps(scale, steps, minimum)
+    })
 }
 
 /// Q3_K row: value = d·(sc − 32)·q with `q` the 2 low bits minus 4 unless the `hmask` bit is
