@@ -49,6 +49,13 @@ fn all_reduce_matches_the_reference_on_every_rank() {
 }
 
 #[test]
+fn all_reduce_f64_adds_every_bit_in_rank_order() {
+    common::all_reduce_f64_adds_in_rank_order(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
+}
+
+#[test]
 fn all_reduce_adds_in_rank_order_with_identical_bits() {
     // Values whose sum depends on the order of addition, one-round and two-round sizes.
     for len in [5, 100_003] {

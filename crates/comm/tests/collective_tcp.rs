@@ -37,6 +37,13 @@ fn all_reduce_matches_the_reference_on_every_rank() {
 }
 
 #[test]
+fn all_reduce_f64_adds_every_bit_in_rank_order() {
+    common::all_reduce_f64_adds_in_rank_order(|world, body| {
+        on_ranks(world, move |mut c| body(&mut c))
+    });
+}
+
+#[test]
 fn all_reduce_gives_identical_bits_on_every_rank() {
     let results = on_ranks(4, |mut c| {
         let r = c.rank().0 as f32;

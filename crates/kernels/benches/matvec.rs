@@ -9,7 +9,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_kernels::DType;
-use tessera_kernels::matmul::{MatRef, Precision, matmul, matmul_in};
+use tessera_kernels::matmul::{Input, MatRef, Precision, matmul, matmul_in, matmul_input_wide};
 use tessera_kernels::quant::{f16_scale_offsets, fp8};
 
 fn random_matrix(dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -59,6 +59,21 @@ fn bench_matvec(c: &mut Criterion) {
                     &(),
                     |b, _| {
                         b.iter(|| matmul_in(&w, &x, &mut y, Precision::Fast).expect("sizes match"))
+                    },
+                );
+                // Summed in f64, as a row-parallel projection (o, down) is in `fast`.
+                let mut wide = vec![0.0f64; rows];
+                group.bench_with_input(
+                    BenchmarkId::new(
+                        format!("{}-fast-wide", dtype.name()),
+                        format!("{rows}x{cols}"),
+                    ),
+                    &(),
+                    |b, _| {
+                        b.iter(|| {
+                            let input = Input::new(&x, Precision::Fast);
+                            matmul_input_wide(&w, &input, &mut wide).expect("sizes match")
+                        })
                     },
                 );
             }

@@ -17,6 +17,15 @@ pub enum KernelError {
         expected: usize,
         actual: usize,
     },
+    #[error(
+        "{dtype} weights of {cols} columns in {precision:?} have no 8-bit-activation kernel \
+         (Q8_0, Q4_0, Q4_1 or Q4_K in whole 32-value blocks, in `fast`)"
+    )]
+    NoIntegerKernel {
+        dtype: DType,
+        cols: usize,
+        precision: crate::matmul::Precision,
+    },
     #[error("{what}: expected {expected} values, got {actual}")]
     Length {
         what: &'static str,

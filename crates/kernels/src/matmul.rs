@@ -157,6 +157,11 @@ impl<'a> Input<'a> {
         self.xs.is_empty()
     }
 
+    /// Whether a matmul of this input with `w` takes the 8-bit path.
+    pub fn quantizes(&self, w: &MatRef<'_>) -> bool {
+        self.precision.quantizes(w.dtype, w.cols)
+    }
+
     /// The 8-bit blocks of rows of `cols` values (every matmul of one input has the same).
     fn quantized(&self, cols: usize) -> Result<&Q8Acts, KernelError> {
         if let Some(acts) = self.q8.get() {
@@ -207,14 +212,37 @@ pub fn matmul_input(w: &MatRef<'_>, x: &Input<'_>, ys: &mut [f32]) -> Result<(),
     by_rows(w, n, dots.group(), ys, dot)
 }
 
+/// [`matmul_input`] in the 8-bit path, summed in f64 ([`int8::Sum`]): this rank's part of
+/// a row-parallel projection, whose partial sums the group adds before rounding them to
+/// f32. An error where the input does not take the 8-bit path with `w`
+/// ([`Input::quantizes`]).
+pub fn matmul_input_wide(w: &MatRef<'_>, x: &Input<'_>, ys: &mut [f64]) -> Result<(), KernelError> {
+    let n = check_lengths(w, x.xs, ys)?;
+    if !x.quantizes(w) {
+        return Err(KernelError::NoIntegerKernel {
+            dtype: w.dtype,
+            cols: w.cols,
+            precision: x.precision,
+        });
+    }
+    if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let acts = x.quantized(w.cols)?;
+    let dot = |rows: &[u8], first, count, out: &mut [f64]| {
+        acts.dot_rows(w.dtype, rows, first, count, out)
+    };
+    by_rows(w, n, Q8Acts::GROUP, ys, dot)
+}
+
 /// Splits `w`'s rows across the pool and calls `dot(rows, first, count, out)` for groups of
 /// `group` vectors over tiles of rows (`out`: the tile's `n` results per row).
-fn by_rows(
+fn by_rows<Y: Copy + Default + Send + Sync>(
     w: &MatRef<'_>,
     n: usize,
     group: usize,
-    ys: &mut [f32],
-    dot: impl Fn(&[u8], usize, usize, &mut [f32]) -> Result<(), KernelError> + Sync,
+    ys: &mut [Y],
+    dot: impl Fn(&[u8], usize, usize, &mut [Y]) -> Result<(), KernelError> + Sync,
 ) -> Result<(), KernelError> {
     let threads = rayon::current_num_threads();
     // One group (decode): a task per thread, since each task costs a few µs of the pool's
@@ -236,7 +264,7 @@ fn by_rows(
     let mut by_row = if n == 1 {
         Vec::new()
     } else {
-        vec![0.0; n * w.rows]
+        vec![Y::default(); n * w.rows]
     };
     let out = if n == 1 { &mut *ys } else { &mut by_row[..] };
     let row_bytes = w.dtype.row_bytes(w.cols)?;
@@ -263,7 +291,7 @@ fn by_rows(
     Ok(())
 }
 
-fn check_lengths(w: &MatRef<'_>, xs: &[f32], ys: &[f32]) -> Result<usize, KernelError> {
+fn check_lengths<Y>(w: &MatRef<'_>, xs: &[f32], ys: &[Y]) -> Result<usize, KernelError> {
     if w.cols == 0 || !xs.len().is_multiple_of(w.cols) {
         return Err(KernelError::Length {
             what: "matmul input (a multiple of the weight's columns)",

@@ -40,7 +40,9 @@ use std::ops::Range;
 use tessera_comm::Collective;
 use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
 use tessera_kernels::attention::{KvLayout, paged_attention};
-use tessera_kernels::matmul::{Input, Precision as KernelPrecision, matmul_input};
+use tessera_kernels::matmul::{
+    Input, Precision as KernelPrecision, matmul_input, matmul_input_wide,
+};
 use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::{Precision, RankPlan};
@@ -68,12 +70,45 @@ impl Linear {
         let n = x.len() / self.weight.cols;
         ys.resize(n * self.weight.rows, 0.0);
         matmul_input(&self.weight.mat(), x, ys)?;
+        self.add_bias(ys);
+        Ok(())
+    }
+
+    /// A row-parallel projection (o, down): `ys = W·x (+ bias)` summed over the group,
+    /// each rank holding some of the columns. Where the weights take `fast`'s 8-bit path,
+    /// this rank's sums stay in f64 (`wide`) until the group has added them and are then
+    /// rounded to f32 once, so the total is the same bits at any tp. `fast` needs that: a
+    /// last-bit difference here can move the next layer's rounding to 8 bits by a whole
+    /// step, and such steps grow over the layers (seen on SmolLM2 at tp 3: logits 0.6 apart).
+    fn apply_summed(
+        &self,
+        x: &Input<'_>,
+        ys: &mut Vec<f32>,
+        wide: &mut Vec<f64>,
+        comm: &mut dyn Collective,
+    ) -> Result<(), ModelError> {
+        let w = self.weight.mat();
+        if x.quantizes(&w) {
+            wide.resize(x.len() / self.weight.cols * self.weight.rows, 0.0);
+            matmul_input_wide(&w, x, wide)?;
+            comm.all_reduce_sum_f64(wide)?;
+            ys.clear();
+            ys.extend(wide.iter().map(|&v| v as f32));
+        } else {
+            ys.resize(x.len() / self.weight.cols * self.weight.rows, 0.0);
+            matmul_input(&w, x, ys)?;
+            comm.all_reduce_sum(ys)?;
+        }
+        self.add_bias(ys);
+        Ok(())
+    }
+
+    fn add_bias(&self, ys: &mut [f32]) {
         if let Some(bias) = &self.bias {
             for y in ys.chunks_exact_mut(bias.len()) {
                 y.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
             }
         }
-        Ok(())
     }
 }
 
@@ -164,8 +199,7 @@ impl Layer {
             &c.block.attention(l),
             &mut s.attn,
         );
-        self.o.apply(&Input::new(&s.attn, p), &mut s.o)?;
-        comm.all_reduce_sum(&mut s.o)?;
+        (self.o).apply_summed(&Input::new(&s.attn, p), &mut s.o, &mut s.wide, comm)?;
         post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
         let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
         for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
@@ -179,8 +213,7 @@ impl Layer {
             Activation::Silu => silu_mul(&mut s.gate, &s.up),
             Activation::GeluTanh => gelu_tanh_mul(&mut s.gate, &s.up),
         }
-        self.down.apply(&Input::new(&s.gate, p), &mut s.down)?;
-        comm.all_reduce_sum(&mut s.down)?;
+        (self.down).apply_summed(&Input::new(&s.gate, p), &mut s.down, &mut s.wide, comm)?;
         post_norm(&mut s.down, self.post_ffn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
         Ok(())
@@ -244,6 +277,8 @@ struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
+    /// A row-parallel projection's f64 sums (see [`Linear::apply_summed`]).
+    wide: Vec<f64>,
 }
 
 impl Llama {

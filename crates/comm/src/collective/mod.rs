@@ -186,6 +186,35 @@ pub trait Collective: Send + fmt::Debug {
     /// (`input.len() * world_size` elements).
     fn all_gather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), CollectiveError>;
 
+    /// Element-wise sum over all ranks in f64, in place: every rank gathers every rank's
+    /// values and adds them in rank order, so every rank gets the same bits. The values
+    /// travel as their bits in two f32 slots each (an all-gather copies without arithmetic).
+    /// For partial sums that are rounded to f32 only once added, so that the total is the
+    /// same whatever the number of ranks (`fast`'s row-parallel projections).
+    fn all_reduce_sum_f64(&mut self, data: &mut [f64]) -> Result<(), CollectiveError> {
+        let ranks = self.world_size();
+        if ranks == 1 {
+            return Ok(());
+        }
+        let halves: Vec<f32> = (data.iter())
+            .flat_map(|v| {
+                let bits = v.to_bits();
+                [bits as u32, (bits >> 32) as u32].map(f32::from_bits)
+            })
+            .collect();
+        let mut all = vec![0.0; halves.len() * ranks];
+        self.all_gather(&halves, &mut all)?;
+        for (i, total) in data.iter_mut().enumerate() {
+            *total = (all.chunks_exact(halves.len()))
+                .map(|rank| {
+                    let [lo, hi] = [rank[2 * i], rank[2 * i + 1]].map(|h| u64::from(h.to_bits()));
+                    f64::from_bits(lo | hi << 32)
+                })
+                .fold(0.0, |sum, v| sum + v);
+        }
+        Ok(())
+    }
+
     /// Copies `root`'s `data` to every rank (all ranks pass the same length).
     fn broadcast(&mut self, data: &mut [u8], root: Rank) -> Result<(), CollectiveError>;
 

@@ -78,6 +78,41 @@ pub fn all_reduce_matches_the_reference(run: impl Fn(usize, Body<Vec<f32>>) -> V
     }
 }
 
+/// The f64 all-reduce: every rank gets the rank-order sum to the bit, for values no f32
+/// holds (and a NaN's payload, an infinity), world sizes 2–4 and every length of
+/// [`SIZES`].
+pub fn all_reduce_f64_adds_in_rank_order(run: impl Fn(usize, Body<Vec<f64>>) -> Vec<Vec<f64>>) {
+    let input = |rank: usize, len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|i| match (i + rank) % 5 {
+                0 => f64::from_bits(0x7ff8_0000_dead_beef),
+                1 if rank == 1 => f64::INFINITY,
+                _ => (1.0 + (i * 31 + rank * 7) as f64 * 1e-12) * 10f64.powi(rank as i32 * 9 - 9),
+            })
+            .collect()
+    };
+    for world in [2, 3, 4] {
+        for len in SIZES {
+            let results = run(
+                world,
+                Box::new(move |c| {
+                    let mut data = input(c.rank().0 as usize, len);
+                    c.all_reduce_sum_f64(&mut data).unwrap();
+                    data
+                }),
+            );
+            let inputs: Vec<Vec<f64>> = (0..world).map(|r| input(r, len)).collect();
+            let expected: Vec<u64> = (0..len)
+                .map(|i| (inputs.iter()).fold(0.0, |sum, x| sum + x[i]).to_bits())
+                .collect();
+            for (r, got) in results.iter().enumerate() {
+                let got: Vec<u64> = got.iter().map(|v| v.to_bits()).collect();
+                assert!(got == expected, "world {world} len {len} rank {r}");
+            }
+        }
+    }
+}
+
 /// All-gather concatenates in rank order, broadcast copies the last rank's bytes, and
 /// each call is counted once.
 pub fn all_gather_and_broadcast_match_the_reference(

@@ -26,6 +26,56 @@ pub const BLOCK: usize = 32;
 /// 1.5·2^23: see [`Q8Acts::requantize`].
 const ROUNDER: f32 = 12_582_912.0;
 
+/// The float type a row's block products are summed in ([`Q8Acts::dot_rows`]): `f32` for
+/// a matmul whose output is final; `f64` ("wide") for the partial sums of a row-parallel
+/// projection, which are added across the ranks before they are rounded to f32, so that the
+/// total does not depend on how the columns were split. Wide sums keep 4 lanes (a block's
+/// lanes k and k + 4 added first, as integers) instead of 8; a block's products are exact
+/// in f64 up to the lane (a block's factor `scale·d_x` is, 24 bits times 24), and every
+/// path rounds the same fused products and sums.
+pub trait Sum:
+    Copy
+    + Default
+    + Send
+    + Sync
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+{
+    const WIDE: bool;
+    /// `a·b + c`, rounded once.
+    fn mul_add(a: Self, b: Self, c: Self) -> Self;
+    fn from_f32(v: f32) -> Self;
+    /// A kernel's result (an f32 widened, for `f32`).
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Sum for f32 {
+    const WIDE: bool = false;
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
+}
+
+impl Sum for f64 {
+    const WIDE: bool = true;
+    fn mul_add(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+    fn from_f32(v: f32) -> f64 {
+        f64::from(v)
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
+    }
+}
+
 /// Whether `fast` has an integer kernel for weights of `dtype`.
 pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4K)
@@ -41,6 +91,9 @@ pub struct Q8Acts {
     d: Vec<f32>,
     /// Per block: `d·Σq` (the Q4_1 min terms' factor).
     dsum: Vec<f32>,
+    /// `d` and `dsum` as f64, for wide sums (one conversion per block, not per row).
+    d64: Vec<f64>,
+    dsum64: Vec<f64>,
 }
 
 /// One quantized vector, as the kernels read it.
@@ -49,6 +102,8 @@ pub struct Q8Row<'a> {
     pub qs: &'a [i8],
     pub d: &'a [f32],
     pub dsum: &'a [f32],
+    pub d64: &'a [f64],
+    pub dsum64: &'a [f64],
 }
 
 impl Q8Acts {
@@ -73,6 +128,8 @@ impl Q8Acts {
         self.qs.resize(xs.len(), 0);
         self.d.clear();
         self.dsum.clear();
+        self.d64.clear();
+        self.dsum64.clear();
         for (x, q) in xs.chunks_exact(BLOCK).zip(self.qs.chunks_exact_mut(BLOCK)) {
             let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -85,8 +142,11 @@ impl Q8Acts {
                 *q = ((x * inverse + ROUNDER) - ROUNDER) as i8;
                 sum += i32::from(*q);
             }
+            let dsum = d * sum as f32;
             self.d.push(d);
-            self.dsum.push(d * sum as f32);
+            self.dsum.push(dsum);
+            self.d64.push(f64::from(d));
+            self.dsum64.push(f64::from(dsum));
         }
         Ok(())
     }
@@ -111,6 +171,8 @@ impl Q8Acts {
             qs: &self.qs[t * self.cols..][..self.cols],
             d: &self.d[t * blocks..][..blocks],
             dsum: &self.dsum[t * blocks..][..blocks],
+            d64: &self.d64[t * blocks..][..blocks],
+            dsum64: &self.dsum64[t * blocks..][..blocks],
         }
     }
 }
@@ -121,14 +183,14 @@ impl Q8Acts {
 
     /// Dots each of the whole rows in `rows` (of `dtype`, `cols` values each) with vectors
     /// `first..first + count`: `out[i·n + j] = row_i · x_j` for those `j`, where `n` is
-    /// [`Q8Acts::len`]; the other values of `out` stay untouched.
-    pub fn dot_rows(
+    /// [`Q8Acts::len`]; the other values of `out` stay untouched. Summed in `S` ([`Sum`]).
+    pub fn dot_rows<S: Sum>(
         &self,
         dtype: DType,
         rows: &[u8],
         first: usize,
         count: usize,
-        out: &mut [f32],
+        out: &mut [S],
     ) -> Result<(), KernelError> {
         let row_bytes = dtype.row_bytes(self.cols)?;
         let n = self.len();
@@ -146,7 +208,7 @@ impl Q8Acts {
                 actual: out.len(),
             });
         }
-        let kernels = Kernels::for_type(dtype, Features::get());
+        let kernels = Kernels::for_type(dtype, Features::get(), S::WIDE);
         let groups_end = first + count / Self::GROUP * Self::GROUP;
         for g in (first..groups_end).step_by(Self::GROUP) {
             let xs: [Q8Row<'_>; Self::GROUP] = std::array::from_fn(|j| self.row(g + j));
@@ -166,9 +228,9 @@ impl Q8Acts {
     }
 }
 
-/// A SIMD kernel: one row with `T` vectors.
+/// A SIMD kernel: one row with `T` vectors (an f32 sum comes widened).
 #[cfg(target_arch = "x86_64")]
-type Kernel<const T: usize> = unsafe fn(&[u8], [Q8Row<'_>; T]) -> [f32; T];
+type Kernel<const T: usize> = unsafe fn(&[u8], [Q8Row<'_>; T]) -> [f64; T];
 
 /// The kernels of one weight type on this CPU, for a group of vectors and for one; the
 /// scalar reference where the CPU has neither AVX2 nor VNNI.
@@ -179,16 +241,25 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn for_type(dtype: DType, features: Features) -> Kernels {
+    /// The kernels summing in f64 when `wide`, else in f32.
+    fn for_type(dtype: DType, features: Features, wide: bool) -> Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             use super::avx2::int8 as k;
+            const G: usize = Q8Acts::GROUP;
             macro_rules! pick {
                 ($kernel:ident) => {
-                    Some((
-                        k::$kernel::<{ Q8Acts::GROUP }> as Kernel<{ Q8Acts::GROUP }>,
-                        k::$kernel::<1> as Kernel<1>,
-                    ))
+                    Some(if wide {
+                        (
+                            k::$kernel::<G, true> as Kernel<G>,
+                            k::$kernel::<1, true> as Kernel<1>,
+                        )
+                    } else {
+                        (
+                            k::$kernel::<G, false> as Kernel<G>,
+                            k::$kernel::<1, false> as Kernel<1>,
+                        )
+                    })
                 };
             }
             let simd = match (dtype, features.vnni, features.avx2) {
@@ -206,40 +277,40 @@ impl Kernels {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (dtype, features);
+            let _ = (dtype, features, wide);
             Kernels {}
         }
     }
 
     /// `row` dotted with each of `xs` (lengths checked: whole blocks of a supported type,
     /// one per 32 values of every vector).
-    fn group(
+    fn group<S: Sum>(
         &self,
         dtype: DType,
         row: &[u8],
         xs: [Q8Row<'_>; Q8Acts::GROUP],
-    ) -> [f32; Q8Acts::GROUP] {
+    ) -> [S; Q8Acts::GROUP] {
         #[cfg(target_arch = "x86_64")]
         if let Some((group, _)) = self.simd {
             // SAFETY: `for_type` picked the kernel for this CPU's features; the caller
             // checked the lengths.
-            return unsafe { group(row, xs) };
+            return unsafe { group(row, xs) }.map(S::from_f64);
         }
-        xs.map(|x| dot_reference(dtype, row, x).unwrap_or(f32::NAN))
+        xs.map(|x| dot_reference_in(dtype, row, x).unwrap_or(S::from_f64(f64::NAN)))
     }
 
-    fn one(&self, dtype: DType, row: &[u8], x: Q8Row<'_>) -> f32 {
+    fn one<S: Sum>(&self, dtype: DType, row: &[u8], x: Q8Row<'_>) -> S {
         #[cfg(target_arch = "x86_64")]
         if let Some((_, one)) = self.simd {
             // SAFETY: as in `group`.
-            return unsafe { one(row, [x]) }[0];
+            return S::from_f64(unsafe { one(row, [x]) }[0]);
         }
-        dot_reference(dtype, row, x).unwrap_or(f32::NAN)
+        dot_reference_in(dtype, row, x).unwrap_or(S::from_f64(f64::NAN))
     }
 }
 
 /// Sums 8 lanes as the AVX2 horizontal sum does: halves, then pairs, then the last two.
-pub fn hsum8(v: [f32; 8]) -> f32 {
+pub fn hsum8<S: Sum>(v: [S; 8]) -> S {
     let s4 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
     s2[0] + s2[1]
@@ -248,6 +319,11 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
 /// The scalar reference: `row` (whole blocks of `dtype`, one 32-value block per scale of
 /// `x`) dotted with quantized vector `x`.
 pub fn dot_reference(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<f32, KernelError> {
+    dot_reference_in(dtype, row, x)
+}
+
+/// [`dot_reference`] summed in `S` ([`Sum`]).
+pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<S, KernelError> {
     let values = dtype.block_elems();
     let bytes = dtype.block_bytes();
     let expected = x.d.len() * BLOCK / values * bytes;
@@ -258,23 +334,30 @@ pub fn dot_reference(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<f32, Kern
             actual: row.len(),
         });
     }
-    let mut acc = [[0.0f32; 8]; 2];
-    let mut mins = [0.0f32; 2];
+    let mut acc = [[S::default(); 8]; 2];
+    let mut mins = [S::default(); 2];
     for b in 0..x.d.len() {
         let per = values / BLOCK;
         let block = &row[b / per * bytes..][..bytes];
         let (w, dw, min) = sub_block(dtype, block, b % per);
         let xq = &x.qs[b * BLOCK..][..BLOCK];
-        let scale = dw * x.d[b];
+        // Narrow: rounded to f32; wide: exact.
+        let scale = S::from_f32(dw) * S::from_f32(x.d[b]);
+        let lane = |k: usize| -> i32 { (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum() };
         for (k, acc) in acc[b & 1].iter_mut().enumerate() {
-            let lane: i32 = (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum();
-            *acc = scale.mul_add(lane as f32, *acc);
+            // Wide: lanes k and k + 4 together, in lanes 0..4. |lane| < 2^18: exact in f32.
+            let value = match (S::WIDE, k) {
+                (false, _) => lane(k),
+                (true, 0..4) => lane(k) + lane(k + 4),
+                (true, _) => continue,
+            };
+            *acc = S::mul_add(scale, S::from_f32(value as f32), *acc);
         }
         if let Some(m) = min {
-            mins[b & 1] = m.mul_add(x.dsum[b], mins[b & 1]);
+            mins[b & 1] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[b & 1]);
         }
     }
-    let lanes: [f32; 8] = std::array::from_fn(|k| acc[0][k] + acc[1][k]);
+    let lanes: [S; 8] = std::array::from_fn(|k| acc[0][k] + acc[1][k]);
     let total = hsum8(lanes);
     Ok(match dtype {
         DType::Q4_1 => total + (mins[0] + mins[1]),

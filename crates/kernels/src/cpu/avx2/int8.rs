@@ -93,23 +93,27 @@ enum Mins {
 /// (even ones into one set of accumulators, odd ones into the other, in registers): for
 /// each, `sub(b)` reads it, then each vector's 8 lanes (through `lanes`) are scaled by
 /// `scale·d_x`; the min terms `min·(d_x·Σq_x)` go into two scalar chains by the same
-/// parity, added to or taken from the lanes' sum at the end.
+/// parity, added to or taken from the lanes' sum at the end. `WIDE` sums in f64 instead
+/// (see [`crate::cpu::int8::Sum`]), on 4 lanes (lanes k and k + 4 added first, as
+/// integers) held as 4 × f64 in each set's register. The result comes as f64 either way.
 ///
 /// # Safety
 /// Needs AVX2, FMA, F16C and whatever `lanes` and `sub` need; `sub(b)` reads inside the
 /// row for every `b < blocks`.
 #[inline(always)]
-unsafe fn dot_blocks<const T: usize>(
+unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
     blocks: usize,
     xs: [Q8Row<'_>; T],
     mins: Mins,
     sub: impl Fn(usize) -> Sub,
     lanes: impl Fn(__m256i, __m256i) -> __m256i,
-) -> [f32; T] {
+) -> [f64; T] {
     // The one check the raw reads below rely on.
     assert!(
-        xs.iter()
-            .all(|x| x.d.len() >= blocks && x.dsum.len() >= blocks && x.qs.len() >= blocks * BLOCK),
+        xs.iter().all(|x| {
+            let scales = [x.d.len(), x.dsum.len(), x.d64.len(), x.dsum64.len()];
+            scales.iter().all(|&n| n >= blocks) && x.qs.len() >= blocks * BLOCK
+        }),
         "quantized activations shorter than the weight row"
     );
     // SAFETY: every intrinsic and read below has the caller's features; every vector
@@ -118,7 +122,7 @@ unsafe fn dot_blocks<const T: usize>(
         // A macro, not a closure: a closure would not inherit the caller's target
         // features, and its intrinsics would become calls.
         macro_rules! step {
-            ($b:expr, $acc:ident, $mins:ident) => {{
+            ($b:expr, $acc:ident, $mins:ident, $wide_mins:ident) => {{
                 let b = $b;
                 let Sub {
                     values,
@@ -137,34 +141,69 @@ unsafe fn dot_blocks<const T: usize>(
                     if signed {
                         xq = _mm256_sign_epi8(xq, values);
                     }
-                    let sums = _mm256_cvtepi32_ps(lanes(unsigned, xq));
+                    let sums = lanes(unsigned, xq);
                     let dx = *x.d.get_unchecked(b);
-                    $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
-                    if mins != Mins::None {
-                        $mins[t] = min.mul_add(*x.dsum.get_unchecked(b), $mins[t]);
+                    let dsum = *x.dsum.get_unchecked(b);
+                    if WIDE {
+                        // Lanes k and k + 4 added as integers (exact), as 4 × f64.
+                        let four = _mm_add_epi32(
+                            _mm256_castsi256_si128(sums),
+                            _mm256_extracti128_si256::<1>(sums),
+                        );
+                        let dx = _mm256_broadcast_sd(x.d64.get_unchecked(b));
+                        let s = _mm256_mul_pd(_mm256_set1_pd(f64::from(scale)), dx);
+                        let acc = _mm256_castps_pd($acc[t]);
+                        $acc[t] =
+                            _mm256_castpd_ps(_mm256_fmadd_pd(s, _mm256_cvtepi32_pd(four), acc));
+                        if mins != Mins::None {
+                            let dsum = *x.dsum64.get_unchecked(b);
+                            $wide_mins[t] = f64::from(min).mul_add(dsum, $wide_mins[t]);
+                        }
+                    } else {
+                        let sums = _mm256_cvtepi32_ps(sums);
+                        $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
+                        if mins != Mins::None {
+                            $mins[t] = min.mul_add(dsum, $mins[t]);
+                        }
                     }
                 }
             }};
         }
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
         let (mut mins0, mut mins1) = ([0.0f32; T], [0.0f32; T]);
+        let (mut wide_mins0, mut wide_mins1) = ([0.0f64; T], [0.0f64; T]);
         let mut b = 0;
         while b + 2 <= blocks {
-            step!(b, acc0, mins0);
-            step!(b + 1, acc1, mins1);
+            step!(b, acc0, mins0, wide_mins0);
+            step!(b + 1, acc1, mins1, wide_mins1);
             b += 2;
         }
         if b < blocks {
-            step!(b, acc0, mins0);
+            step!(b, acc0, mins0, wide_mins0);
         }
-        std::array::from_fn(|t| {
-            let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
-            match mins {
-                Mins::None => total,
-                Mins::Add => total + (mins0[t] + mins1[t]),
-                Mins::Subtract => total - (mins0[t] + mins1[t]),
-            }
-        })
+        let mut out = [0.0; T];
+        for t in 0..T {
+            out[t] = if WIDE {
+                // The chains added, then hsum8's tree from its second step: pairs, then the
+                // last two.
+                let v = _mm256_add_pd(_mm256_castps_pd(acc0[t]), _mm256_castps_pd(acc1[t]));
+                let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+                let total = _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
+                match mins {
+                    Mins::None => total,
+                    Mins::Add => total + (wide_mins0[t] + wide_mins1[t]),
+                    Mins::Subtract => total - (wide_mins0[t] + wide_mins1[t]),
+                }
+            } else {
+                let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+                f64::from(match mins {
+                    Mins::None => total,
+                    Mins::Add => total + (mins0[t] + mins1[t]),
+                    Mins::Subtract => total - (mins0[t] + mins1[t]),
+                })
+            };
+        }
+        out
     }
 }
 
@@ -175,10 +214,13 @@ macro_rules! int8_kernel {
      |$w:ident| $blocks:expr, |$b:ident| $sub:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
-        pub unsafe fn $name<const T: usize>($w: &[u8], xs: [Q8Row<'_>; T]) -> [f32; T] {
+        pub unsafe fn $name<const T: usize, const WIDE: bool>(
+            $w: &[u8],
+            xs: [Q8Row<'_>; T],
+        ) -> [f64; T] {
             // SAFETY: the caller's features and lengths.
             unsafe {
-                dot_blocks::<T>(
+                dot_blocks::<T, WIDE>(
                     $blocks,
                     xs,
                     $mins,

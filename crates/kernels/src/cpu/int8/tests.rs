@@ -96,8 +96,14 @@ fn the_reference_is_the_dot_of_the_dequantized_values() {
     }
 }
 
+/// Summed in f32 and in f64 ([`Sum`]): every path gives the reference's bits.
 #[test]
 fn every_path_gives_the_reference_bits_whatever_the_batch() {
+    every_path_gives_the_reference_bits::<f32>();
+    every_path_gives_the_reference_bits::<f64>();
+}
+
+fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
     let mut rng = StdRng::seed_from_u64(7);
     let features = Features::get();
     for dtype in TYPES {
@@ -112,22 +118,23 @@ fn every_path_gives_the_reference_bits_whatever_the_batch() {
             let n = 6;
             let acts = Q8Acts::quantize(&random_acts(&mut rng, n, cols), cols).unwrap();
             let row_bytes = dtype.row_bytes(cols).unwrap();
-            let reference: Vec<f32> = (0..rows)
+            let reference: Vec<S> = (0..rows)
                 .flat_map(|r| {
                     let row = &data[r * row_bytes..][..row_bytes];
                     (0..n).map(move |t| (r, t, row))
                 })
-                .map(|(_, t, row)| dot_reference(dtype, row, acts.row(t)).unwrap())
+                .map(|(_, t, row)| dot_reference_in(dtype, row, acts.row(t)).unwrap())
                 .collect();
             // The whole batch (a group of 4, then singles), and each vector alone.
-            let mut all = vec![0.0; rows * n];
+            let mut all = vec![S::default(); rows * n];
             acts.dot_rows(dtype, &data, 0, n, &mut all).unwrap();
-            let mut alone = vec![0.0; rows * n];
+            let mut alone = vec![S::default(); rows * n];
             for t in 0..n {
                 acts.dot_rows(dtype, &data, t, 1, &mut alone).unwrap();
             }
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let what = format!("{dtype:?} cols {cols} on {features:?}");
+            // f32 → f64 keeps every bit.
+            let bits = |v: &[S]| v.iter().map(|&f| f.into().to_bits()).collect::<Vec<_>>();
+            let what = format!("{dtype:?} cols {cols} on {features:?}, wide {}", S::WIDE);
             assert_eq!(bits(&all), bits(&reference), "batched: {what}");
             assert_eq!(bits(&alone), bits(&reference), "one at a time: {what}");
             #[cfg(target_arch = "x86_64")]
@@ -137,12 +144,13 @@ fn every_path_gives_the_reference_bits_whatever_the_batch() {
                     vnni: false,
                     ..features
                 };
-                let kernels = Kernels::for_type(dtype, avx2);
+                let kernels = Kernels::for_type(dtype, avx2, S::WIDE);
                 for r in 0..rows {
                     let row = &data[r * row_bytes..][..row_bytes];
                     for t in 0..n {
-                        let y = kernels.one(dtype, row, acts.row(t));
-                        assert_eq!(y.to_bits(), reference[r * n + t].to_bits(), "avx2: {what}");
+                        let y: S = kernels.one(dtype, row, acts.row(t));
+                        let want = reference[r * n + t];
+                        assert_eq!(y.into().to_bits(), want.into().to_bits(), "avx2: {what}");
                     }
                 }
             }
