@@ -212,6 +212,65 @@ pub fn matmul_input(w: &MatRef<'_>, x: &Input<'_>, ys: &mut [f32]) -> Result<(),
     by_rows(w, n, dots.group(), ys, dot)
 }
 
+/// [`matmul_input`] of one input with several matrices (a layer's q, k and v; gate and
+/// up): `ys[i] = ws[i]·x`, the same bits as one matmul at a time. For one vector (decode)
+/// the matrices' rows are split across the pool together, so the pool synchronizes once
+/// for all of them instead of once per matrix.
+pub fn matmul_input_many(
+    ws: &[MatRef<'_>],
+    x: &Input<'_>,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    if ws.len() != ys.len() {
+        return Err(KernelError::Length {
+            what: "matmul outputs (one per matrix)",
+            expected: ws.len(),
+            actual: ys.len(),
+        });
+    }
+    let mut single = true;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        single &= check_lengths(w, x.xs, y)? == 1;
+    }
+    if !single {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_input(w, x, y)?;
+        }
+        return Ok(());
+    }
+    /// How one matrix meets the input.
+    enum Dots<'a> {
+        Int8(&'a Q8Acts),
+        Float(BatchDot<'a>),
+    }
+    let dots = (ws.iter())
+        .map(|w| match x.quantizes(w) {
+            true => x.quantized(w.cols).map(Dots::Int8),
+            false => BatchDot::new(x.xs, w.cols, w.dtype).map(Dots::Float),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows: usize = ws.iter().map(|w| w.rows).sum();
+    let per_task = rows
+        .div_ceil(rayon::current_num_threads())
+        .max(MIN_ROWS_PER_TASK);
+    // Each matrix's rows in runs of `per_task` (the last one shorter): one task each.
+    let mut tasks = Vec::new();
+    for (m, y) in ys.iter_mut().enumerate() {
+        for (run, out) in y.chunks_mut(per_task).enumerate() {
+            tasks.push((m, run * per_task, out));
+        }
+    }
+    tasks.into_par_iter().try_for_each(|(m, first, out)| {
+        let w = &ws[m];
+        let row_bytes = w.dtype.row_bytes(w.cols)?;
+        let rows = &w.data[first * row_bytes..(first + out.len()) * row_bytes];
+        match &dots[m] {
+            Dots::Int8(acts) => acts.dot_rows(w.dtype, rows, 0, 1, out),
+            Dots::Float(dots) => dots.dot_rows(rows, 0, 1, out),
+        }
+    })
+}
+
 /// [`matmul_input`] in the 8-bit path, summed in f64 ([`int8::Sum`]): this rank's part of
 /// a row-parallel projection, whose partial sums the group adds before rounding them to
 /// f32. An error where the input does not take the 8-bit path with `w`

@@ -41,7 +41,7 @@ use tessera_comm::Collective;
 use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
 use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::{
-    Input, Precision as KernelPrecision, matmul_input, matmul_input_wide,
+    Input, Precision as KernelPrecision, matmul_input, matmul_input_many, matmul_input_wide,
 };
 use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
@@ -65,12 +65,24 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
-    /// `ys = W·x (+ bias)` for the input's `len / cols` tokens.
-    fn apply(&self, x: &Input<'_>, ys: &mut Vec<f32>) -> Result<(), ModelError> {
-        let n = x.len() / self.weight.cols;
-        ys.resize(n * self.weight.rows, 0.0);
-        matmul_input(&self.weight.mat(), x, ys)?;
-        self.add_bias(ys);
+    /// `ys[i] = W_i·x (+ bias_i)` for the input's `len / cols` tokens and each of
+    /// `linears`: one input's projections (q, k and v; gate and up) as one parallel region
+    /// ([`matmul_input_many`]).
+    fn apply_many<const N: usize>(
+        linears: [&Linear; N],
+        x: &Input<'_>,
+        ys: [&mut Vec<f32>; N],
+    ) -> Result<(), ModelError> {
+        let ws = linears.map(|l| l.weight.mat());
+        let mut outs = Vec::with_capacity(N);
+        for (l, y) in linears.iter().zip(ys) {
+            y.resize(x.len() / l.weight.cols * l.weight.rows, 0.0);
+            outs.push(&mut y[..]);
+        }
+        matmul_input_many(&ws, x, &mut outs)?;
+        for (l, y) in linears.iter().zip(outs) {
+            l.add_bias(y);
+        }
         Ok(())
     }
 
@@ -168,9 +180,11 @@ impl Layer {
         let p = pass.precision;
         // One input for q, k and v: in `fast`, quantized once.
         let h = Input::new(&s.h, p);
-        self.q.apply(&h, &mut s.q)?;
-        self.k.apply(&h, &mut s.k)?;
-        self.v.apply(&h, &mut s.v)?;
+        Linear::apply_many(
+            [&self.q, &self.k, &self.v],
+            &h,
+            [&mut s.q, &mut s.k, &mut s.v],
+        )?;
         drop(h);
         let q_len = pass.heads * c.head_dim;
         let kv_len = pass.kv_heads * c.head_dim;
@@ -206,8 +220,7 @@ impl Layer {
             add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
         }
         let h = Input::new(&s.h, p);
-        self.gate.apply(&h, &mut s.gate)?;
-        self.up.apply(&h, &mut s.up)?;
+        Linear::apply_many([&self.gate, &self.up], &h, [&mut s.gate, &mut s.up])?;
         drop(h);
         match c.block.activation {
             Activation::Silu => silu_mul(&mut s.gate, &s.up),

@@ -135,6 +135,8 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
                 } else {
                     values
                 };
+                // Wide: the block's factors as f64, once for every vector.
+                let (scale64, min64) = (_mm256_set1_pd(f64::from(scale)), f64::from(min));
                 for t in 0..T {
                     let x = &xs[t];
                     let mut xq = load32(x.qs.as_ptr().add(b * BLOCK).cast());
@@ -151,13 +153,13 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
                             _mm256_extracti128_si256::<1>(sums),
                         );
                         let dx = _mm256_broadcast_sd(x.d64.get_unchecked(b));
-                        let s = _mm256_mul_pd(_mm256_set1_pd(f64::from(scale)), dx);
+                        let s = _mm256_mul_pd(scale64, dx);
                         let acc = _mm256_castps_pd($acc[t]);
                         $acc[t] =
                             _mm256_castpd_ps(_mm256_fmadd_pd(s, _mm256_cvtepi32_pd(four), acc));
                         if mins != Mins::None {
                             let dsum = *x.dsum64.get_unchecked(b);
-                            $wide_mins[t] = f64::from(min).mul_add(dsum, $wide_mins[t]);
+                            $wide_mins[t] = min64.mul_add(dsum, $wide_mins[t]);
                         }
                     } else {
                         let sums = _mm256_cvtepi32_ps(sums);
