@@ -22,6 +22,7 @@
 pub mod blocks;
 pub mod control;
 mod error;
+pub mod pinning;
 pub mod runner;
 pub mod stats;
 pub mod worker;

@@ -15,10 +15,11 @@ use tessera_comm::certs::{Credentials, Identity};
 use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_model::ModelConfig;
 use tessera_shard::control::{self, ControlConfig};
+use tessera_shard::pinning::{self, Pinning};
 use tessera_shard::stats::{self, StatsSampler};
 use tessera_shard::worker::{self, WorkerConfig};
 use tessera_topology::{Device, Rank, Topology, plan_group};
-use tracing::info;
+use tracing::{info, warn};
 
 /// One rank of a Tessera tensor-parallel group.
 #[derive(Debug, Parser)]
@@ -114,9 +115,15 @@ fn run(args: &Args) -> anyhow::Result<()> {
     // The topology's model must slice for this group; each assignment's version is
     // sliced as it is loaded.
     plan_group(group.tp, &config.shape()).map_err(|e| anyhow!("group `{}`: {e}", group.name))?;
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(shard.threads.max(1))
-        .build_global()
+    let mut pool = rayon::ThreadPoolBuilder::new().num_threads(shard.threads.max(1));
+    if let Some(cores) = pin_to(&topology, &group.name, rank) {
+        pool = pool.start_handler(move |i| {
+            if let Err(error) = pinning::pin_current_thread(cores[i % cores.len()]) {
+                warn!(%error, thread = i, "a compute thread could not be pinned");
+            }
+        });
+    }
+    pool.build_global()
         .context("starting the compute threads")?;
     let credentials = Credentials::load(
         &args.certs,
@@ -187,6 +194,38 @@ fn run(args: &Args) -> anyhow::Result<()> {
 
 /// `TESSERA_FAULT_STEP_DELAY_MS`: a fault-injection knob for tests that need a slow
 /// shard (a generation long enough to kill a process in the middle of it).
+/// The cores for this shard's compute threads ([`pinning::plan`]), or `None` to leave them
+/// unpinned (said in the log); `TESSERA_PIN_THREADS=0` turns pinning off, for a host where
+/// other work shares the cores.
+fn pin_to(topology: &Topology, group: &str, rank: Rank) -> Option<Vec<usize>> {
+    if std::env::var("TESSERA_PIN_THREADS").is_ok_and(|v| v == "0") {
+        info!("compute threads not pinned (TESSERA_PIN_THREADS=0)");
+        return None;
+    }
+    let allowed = match pinning::allowed_cores() {
+        Ok(allowed) => allowed,
+        Err(error) => {
+            warn!(%error, "this process's cores are unknown: compute threads not pinned");
+            return None;
+        }
+    };
+    match pinning::plan(topology, group, rank, &allowed) {
+        Pinning::Cores(cores) => {
+            info!(?cores, "compute threads pinned, one core each");
+            Some(cores)
+        }
+        Pinning::Oversubscribed { threads, cores } => {
+            info!(
+                threads,
+                cores,
+                "the host's cpu shards ask for more threads than it has cores: compute threads not pinned"
+            );
+            None
+        }
+        Pinning::None => None,
+    }
+}
+
 fn fault_step_delay() -> anyhow::Result<std::time::Duration> {
     match std::env::var("TESSERA_FAULT_STEP_DELAY_MS") {
         Ok(ms) => {

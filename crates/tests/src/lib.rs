@@ -455,8 +455,11 @@ impl Cluster {
             }
             None => Command::new(program),
         };
+        // Test clusters share this machine's cores: their shards are not pinned (unless a
+        // test asks, through `env`).
         cmd.args(args)
             .env("TESSERA_LOG", "info")
+            .env("TESSERA_PIN_THREADS", "0")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)

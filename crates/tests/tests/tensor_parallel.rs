@@ -103,3 +103,43 @@ fn smollm2_tp3_matches_tp1() {
         "SmolLM2 should know: {a1}"
     );
 }
+
+/// The cores the threads of process `pid` may run on, one list per thread that may run
+/// on exactly one (`Cpus_allowed_list` of each task).
+fn pinned_threads(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .filter_map(|status| {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            let list = line.split_whitespace().nth(1)?.to_string();
+            (!list.contains([',', '-'])).then_some(list)
+        })
+        .collect()
+}
+
+/// Two one-thread shards of a group on this host, which has at least 2 cores: each rank's
+/// compute thread runs on a core of its own (the shard pins it), and not the other's.
+#[test]
+fn each_ranks_compute_thread_runs_on_a_core_of_its_own() {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores < 2 {
+        eprintln!("SKIPPED: one core: nothing to pin apart");
+        return;
+    }
+    let groups = [GroupSpec::local("p", "m", &fixture("llama-gqa/f32"), 2)];
+    // The harness turns pinning off for test clusters; this one keeps it.
+    let pin = [("TESSERA_PIN_THREADS", "1")];
+    let mut cluster = Cluster::start_local_with(&groups, &pin).expect("the cluster starts");
+    let pinned: Vec<Vec<String>> = ["p-0", "p-1"]
+        .iter()
+        .map(|name| pinned_threads(cluster.proc(name).child.id()))
+        .collect();
+    assert!(
+        pinned.iter().all(|p| p.len() == 1) && pinned[0] != pinned[1],
+        "one pinned thread per rank, on different cores: {pinned:?}\n{}",
+        cluster.logs()
+    );
+}
