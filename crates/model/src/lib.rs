@@ -7,7 +7,7 @@
 //! - [`tokenizer`], [`chat`]: text ↔ token ids, and chat templates.
 //! - [`kv_cache`]: the paged KV cache of one process.
 //! - [`llama`]: the forward pass; [`generate`]: one-sequence generation.
-//! - `cuda` (feature `cuda`): the same forward pass on a CUDA device; [`slice`]: either,
+//! - `cuda` (feature `cuda`): the same forward pass on a CUDA device; [`slice`](mod@slice): either,
 //!   as a shard runs it; [`rows`]: what a pass gives back for the rows that want logits
 //!   (logits, or a token sampled on the device).
 //! - [`launch_plan`]: the kernel launches of one decoder layer on a device, as data the

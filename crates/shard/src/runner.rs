@@ -12,7 +12,7 @@
 //!
 //! With device sampling on ([`StepRunner::with_device_sampling`]), each sampling row asks
 //! the pass for a token sampled where its logits are, with its sampler's settings and
-//! draw ([`row_request`]); the pass answers with the token, or with the logits where it
+//! draw (`row_request`); the pass answers with the token, or with the logits where it
 //! cannot (the CPU, a group of more than one rank) and the runner samples those itself.
 //! Both apply the sampler's one rule to the same draw, so the tokens are the same.
 

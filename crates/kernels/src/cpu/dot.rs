@@ -12,7 +12,7 @@ use crate::{DType, KernelError, quant};
 /// Activation vectors prepared for many row dot products: `n` vectors of `cols` values laid
 /// out one after another, plus what a type's kernel wants of each vector, made once instead
 /// of once per row: the per-32-block sums of the Q4_1 and Q5_1 min terms, or the vector in
-/// the lane order of the AVX2 Q2_K kernel ([`interleave_q2_k`]).
+/// the lane order of the AVX2 Q2_K kernel (`interleave_q2_k`).
 #[derive(Debug)]
 pub struct BatchDot<'a> {
     dtype: DType,

@@ -169,7 +169,7 @@ pub fn grouped_entry(layout: KvLayout, q_heads: usize) -> Result<&'static str, C
 
 /// Partitions of a grouped launch over `pairs` (query, KV head) blocks whose longest
 /// context is `longest` positions, on a device with `multiprocessors` SMs: one when the
-/// pairs fill the multiprocessors; else enough for [`GROUPED_BLOCKS_PER_SM`] blocks per
+/// pairs fill the multiprocessors; else enough for `GROUPED_BLOCKS_PER_SM` blocks per
 /// multiprocessor, but no partition under [`GROUPED_MIN_PART`] positions and at most
 /// [`GROUPED_MAX_PARTITIONS`].
 pub fn grouped_partitions(pairs: usize, longest: usize, multiprocessors: usize) -> usize {
