@@ -29,8 +29,9 @@ const ROUNDER: f32 = 12_582_912.0;
 /// The float type a row's block products are summed in ([`Q8Acts::dot_rows`]): `f32` for
 /// a matmul whose output is final; `f64` ("wide") for the partial sums of a row-parallel
 /// projection, which are added across the ranks before they are rounded to f32, so that the
-/// total does not depend on how the columns were split. Wide sums keep 4 lanes (a block's
-/// lanes k and k + 4 added first, as integers) instead of 8; a block's products are exact
+/// total does not depend on how the columns were split. Wide sums take each block's whole
+/// integer sum into one of 4 chains (block b into chain b mod 4, added as (0 + 2) + (1 + 3)
+/// at the end) instead of 8 lanes in 2 chains by parity; a block's products are exact
 /// in f64 up to the lane (a block's factor `scale·d_x` is, 24 bits times 24), and every
 /// path rounds the same fused products and sums.
 pub trait Sum:
@@ -343,22 +344,26 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
         let xq = &x.qs[b * BLOCK..][..BLOCK];
         // Narrow: rounded to f32; wide: exact.
         let scale = S::from_f32(dw) * S::from_f32(x.d[b]);
-        let lane = |k: usize| -> i32 { (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum() };
-        for (k, acc) in acc[b & 1].iter_mut().enumerate() {
-            // Wide: lanes k and k + 4 together, in lanes 0..4. |lane| < 2^18: exact in f32.
-            let value = match (S::WIDE, k) {
-                (false, _) => lane(k),
-                (true, 0..4) => lane(k) + lane(k + 4),
-                (true, _) => continue,
-            };
-            *acc = S::mul_add(scale, S::from_f32(value as f32), *acc);
+        if S::WIDE {
+            // The block's whole integer sum (|sum| < 2^20: exact in f32), into chain b mod 4.
+            let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
+            acc[0][b % 4] = S::mul_add(scale, S::from_f32(sum as f32), acc[0][b % 4]);
+        } else {
+            for (k, acc) in acc[b & 1].iter_mut().enumerate() {
+                // |lane| < 2^18: exact in f32.
+                let lane: i32 = (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum();
+                *acc = S::mul_add(scale, S::from_f32(lane as f32), *acc);
+            }
         }
         if let Some(m) = min {
             mins[b & 1] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[b & 1]);
         }
     }
-    let lanes: [S; 8] = std::array::from_fn(|k| acc[0][k] + acc[1][k]);
-    let total = hsum8(lanes);
+    let total = if S::WIDE {
+        (acc[0][0] + acc[0][2]) + (acc[0][1] + acc[0][3])
+    } else {
+        hsum8(std::array::from_fn(|k| acc[0][k] + acc[1][k]))
+    };
     Ok(match dtype {
         DType::Q4_1 => total + (mins[0] + mins[1]),
         DType::Q4K => total - (mins[0] + mins[1]),

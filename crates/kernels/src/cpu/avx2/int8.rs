@@ -93,9 +93,8 @@ enum Mins {
 /// (even ones into one set of accumulators, odd ones into the other, in registers): for
 /// each, `sub(b)` reads it, then each vector's 8 lanes (through `lanes`) are scaled by
 /// `scale·d_x`; the min terms `min·(d_x·Σq_x)` go into two scalar chains by the same
-/// parity, added to or taken from the lanes' sum at the end. `WIDE` sums in f64 instead
-/// (see [`crate::cpu::int8::Sum`]), on 4 lanes (lanes k and k + 4 added first, as
-/// integers) held as 4 × f64 in each set's register. The result comes as f64 either way.
+/// parity, added to or taken from the lanes' sum at the end. `WIDE` sums in f64 instead,
+/// in [`dot_blocks_wide`]. The result comes as f64 either way.
 ///
 /// # Safety
 /// Needs AVX2, FMA, F16C and whatever `lanes` and `sub` need; `sub(b)` reads inside the
@@ -108,6 +107,10 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
     sub: impl Fn(usize) -> Sub,
     lanes: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f64; T] {
+    if WIDE {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { dot_blocks_wide::<T>(blocks, xs, mins, sub, lanes) };
+    }
     // The one check the raw reads below rely on.
     assert!(
         xs.iter().all(|x| {
@@ -122,7 +125,7 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
         // A macro, not a closure: a closure would not inherit the caller's target
         // features, and its intrinsics would become calls.
         macro_rules! step {
-            ($b:expr, $acc:ident, $mins:ident, $wide_mins:ident) => {{
+            ($b:expr, $acc:ident, $mins:ident) => {{
                 let b = $b;
                 let Sub {
                     values,
@@ -135,74 +138,149 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
                 } else {
                     values
                 };
-                // Wide: the block's factors as f64, once for every vector.
-                let (scale64, min64) = (_mm256_set1_pd(f64::from(scale)), f64::from(min));
                 for t in 0..T {
                     let x = &xs[t];
                     let mut xq = load32(x.qs.as_ptr().add(b * BLOCK).cast());
                     if signed {
                         xq = _mm256_sign_epi8(xq, values);
                     }
-                    let sums = lanes(unsigned, xq);
+                    let sums = _mm256_cvtepi32_ps(lanes(unsigned, xq));
                     let dx = *x.d.get_unchecked(b);
-                    let dsum = *x.dsum.get_unchecked(b);
-                    if WIDE {
-                        // Lanes k and k + 4 added as integers (exact), as 4 × f64.
-                        let four = _mm_add_epi32(
-                            _mm256_castsi256_si128(sums),
-                            _mm256_extracti128_si256::<1>(sums),
-                        );
-                        let dx = _mm256_broadcast_sd(x.d64.get_unchecked(b));
-                        let s = _mm256_mul_pd(scale64, dx);
-                        let acc = _mm256_castps_pd($acc[t]);
-                        $acc[t] =
-                            _mm256_castpd_ps(_mm256_fmadd_pd(s, _mm256_cvtepi32_pd(four), acc));
-                        if mins != Mins::None {
-                            let dsum = *x.dsum64.get_unchecked(b);
-                            $wide_mins[t] = min64.mul_add(dsum, $wide_mins[t]);
-                        }
-                    } else {
-                        let sums = _mm256_cvtepi32_ps(sums);
-                        $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
-                        if mins != Mins::None {
-                            $mins[t] = min.mul_add(dsum, $mins[t]);
-                        }
+                    $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
+                    if mins != Mins::None {
+                        $mins[t] = min.mul_add(*x.dsum.get_unchecked(b), $mins[t]);
                     }
                 }
             }};
         }
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
         let (mut mins0, mut mins1) = ([0.0f32; T], [0.0f32; T]);
-        let (mut wide_mins0, mut wide_mins1) = ([0.0f64; T], [0.0f64; T]);
         let mut b = 0;
         while b + 2 <= blocks {
-            step!(b, acc0, mins0, wide_mins0);
-            step!(b + 1, acc1, mins1, wide_mins1);
+            step!(b, acc0, mins0);
+            step!(b + 1, acc1, mins1);
             b += 2;
         }
         if b < blocks {
-            step!(b, acc0, mins0, wide_mins0);
+            step!(b, acc0, mins0);
+        }
+        std::array::from_fn(|t| {
+            let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
+            f64::from(match mins {
+                Mins::None => total,
+                Mins::Add => total + (mins0[t] + mins1[t]),
+                Mins::Subtract => total - (mins0[t] + mins1[t]),
+            })
+        })
+    }
+}
+
+/// [`dot_blocks`] summed in f64 (see [`crate::cpu::int8::Sum`]): blocks four at a time, each
+/// block's 8 lanes reduced to its whole integer sum (the four sums in one register), scaled
+/// by `scale·d_x` in f64 and added into chain `b mod 4`; a last partial quad goes block by
+/// block into the same chains. The min terms as in [`dot_blocks`], in f64.
+///
+/// # Safety
+/// As [`dot_blocks`].
+#[inline(always)]
+unsafe fn dot_blocks_wide<const T: usize>(
+    blocks: usize,
+    xs: [Q8Row<'_>; T],
+    mins: Mins,
+    sub: impl Fn(usize) -> Sub,
+    lanes: impl Fn(__m256i, __m256i) -> __m256i,
+) -> [f64; T] {
+    assert!(
+        xs.iter().all(|x| {
+            let scales = [x.d64.len(), x.dsum64.len()];
+            scales.iter().all(|&n| n >= blocks) && x.qs.len() >= blocks * BLOCK
+        }),
+        "quantized activations shorter than the weight row"
+    );
+    // SAFETY: as in `dot_blocks`.
+    unsafe {
+        // Block `$b`'s 8 lanes with vector `$x` (a macro: see `dot_blocks`).
+        macro_rules! block_lanes {
+            ($sub:expr, $unsigned:expr, $x:expr, $b:expr) => {{
+                let mut xq = load32($x.qs.as_ptr().add($b * BLOCK).cast());
+                if $sub.signed {
+                    xq = _mm256_sign_epi8(xq, $sub.values);
+                }
+                lanes($unsigned, xq)
+            }};
+        }
+        macro_rules! unsigned {
+            ($sub:expr) => {
+                if $sub.signed {
+                    _mm256_sign_epi8($sub.values, $sub.values)
+                } else {
+                    $sub.values
+                }
+            };
+        }
+        macro_rules! add_min {
+            ($sub:expr, $x:expr, $b:expr, $chains:ident, $t:expr) => {
+                if mins != Mins::None {
+                    let dsum = *$x.dsum64.get_unchecked($b);
+                    $chains[$b & 1][$t] = f64::from($sub.min).mul_add(dsum, $chains[$b & 1][$t]);
+                }
+            };
+        }
+        let mut acc = [_mm256_setzero_pd(); T];
+        let mut min_chains = [[0.0f64; T]; 2];
+        let mut b = 0;
+        while b + 4 <= blocks {
+            let (s0, s1, s2, s3) = (sub(b), sub(b + 1), sub(b + 2), sub(b + 3));
+            let (u0, u1, u2, u3) = (unsigned!(s0), unsigned!(s1), unsigned!(s2), unsigned!(s3));
+            let scales = _mm256_cvtps_pd(_mm_setr_ps(s0.scale, s1.scale, s2.scale, s3.scale));
+            for t in 0..T {
+                let x = &xs[t];
+                let r0 = block_lanes!(s0, u0, x, b);
+                let r1 = block_lanes!(s1, u1, x, b + 1);
+                let r2 = block_lanes!(s2, u2, x, b + 2);
+                let r3 = block_lanes!(s3, u3, x, b + 3);
+                // Per 128-bit half: [Σ r0, Σ r1, Σ r2, Σ r3] of its lanes; then the halves.
+                let q = _mm256_hadd_epi32(_mm256_hadd_epi32(r0, r1), _mm256_hadd_epi32(r2, r3));
+                let sums =
+                    _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+                let dx = _mm256_loadu_pd(x.d64.as_ptr().add(b));
+                let factors = _mm256_mul_pd(scales, dx);
+                acc[t] = _mm256_fmadd_pd(factors, _mm256_cvtepi32_pd(sums), acc[t]);
+                add_min!(s0, x, b, min_chains, t);
+                add_min!(s1, x, b + 1, min_chains, t);
+                add_min!(s2, x, b + 2, min_chains, t);
+                add_min!(s3, x, b + 3, min_chains, t);
+            }
+            b += 4;
+        }
+        let mut chains = [[0.0f64; 4]; T];
+        for t in 0..T {
+            _mm256_storeu_pd(chains[t].as_mut_ptr(), acc[t]);
+        }
+        while b < blocks {
+            let s = sub(b);
+            let u = unsigned!(s);
+            for t in 0..T {
+                let x = &xs[t];
+                let r = block_lanes!(s, u, x, b);
+                let h = _mm_add_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
+                let h = _mm_hadd_epi32(_mm_hadd_epi32(h, h), h);
+                let sum = f64::from(_mm_cvtsi128_si32(h));
+                let factor = f64::from(s.scale) * *x.d64.get_unchecked(b);
+                chains[t][b % 4] = factor.mul_add(sum, chains[t][b % 4]);
+                add_min!(s, x, b, min_chains, t);
+            }
+            b += 1;
         }
         let mut out = [0.0; T];
         for t in 0..T {
-            out[t] = if WIDE {
-                // The chains added, then hsum8's tree from its second step: pairs, then the
-                // last two.
-                let v = _mm256_add_pd(_mm256_castps_pd(acc0[t]), _mm256_castps_pd(acc1[t]));
-                let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
-                let total = _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
-                match mins {
-                    Mins::None => total,
-                    Mins::Add => total + (wide_mins0[t] + wide_mins1[t]),
-                    Mins::Subtract => total - (wide_mins0[t] + wide_mins1[t]),
-                }
-            } else {
-                let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
-                f64::from(match mins {
-                    Mins::None => total,
-                    Mins::Add => total + (mins0[t] + mins1[t]),
-                    Mins::Subtract => total - (mins0[t] + mins1[t]),
-                })
+            let c = chains[t];
+            let total = (c[0] + c[2]) + (c[1] + c[3]);
+            let m = min_chains[0][t] + min_chains[1][t];
+            out[t] = match mins {
+                Mins::None => total,
+                Mins::Add => total + m,
+                Mins::Subtract => total - m,
             };
         }
         out
