@@ -120,7 +120,7 @@ impl<'a> BatchDot<'a> {
 
     /// What the type's kernel wants of `T` vectors from `first` on (empty slices for other
     /// types).
-    fn sums<const T: usize>(&self, first: usize) -> [&[f32]; T] {
+    fn prepared<const T: usize>(&self, first: usize) -> [&[f32]; T] {
         let each = self.prepared.len() / self.len().max(1);
         std::array::from_fn(|j| &self.prepared[(first + j) * each..][..each])
     }
@@ -136,7 +136,7 @@ impl<'a> BatchDot<'a> {
             ($row:ident, $xs:ident, $sums:ident, $call:expr) => {{
                 let groups_end = run.first + run.count / T * T;
                 for first in (run.first..groups_end).step_by(T) {
-                    let ($xs, $sums) = (self.xs::<T>(first), self.sums::<T>(first));
+                    let ($xs, $sums) = (self.xs::<T>(first), self.prepared::<T>(first));
                     let rows = run.rows.chunks_exact(run.row_bytes);
                     for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
                         if let Some(ys) = out[first..].first_chunk_mut::<T>() {
@@ -145,7 +145,7 @@ impl<'a> BatchDot<'a> {
                     }
                 }
                 for first in groups_end..run.first + run.count {
-                    let ($xs, $sums) = (self.xs::<1>(first), self.sums::<1>(first));
+                    let ($xs, $sums) = (self.xs::<1>(first), self.prepared::<1>(first));
                     let rows = run.rows.chunks_exact(run.row_bytes);
                     for ($row, out) in rows.zip(out.chunks_exact_mut(n)) {
                         [out[first]] = $call;

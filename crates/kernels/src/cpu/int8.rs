@@ -92,9 +92,6 @@ pub struct Q8Acts {
     d: Vec<f32>,
     /// Per block: `d·Σq` (the Q4_1 min terms' factor).
     dsum: Vec<f32>,
-    /// `d` and `dsum` as f64, for wide sums (one conversion per block, not per row).
-    d64: Vec<f64>,
-    dsum64: Vec<f64>,
 }
 
 /// One quantized vector, as the kernels read it.
@@ -103,8 +100,6 @@ pub struct Q8Row<'a> {
     pub qs: &'a [i8],
     pub d: &'a [f32],
     pub dsum: &'a [f32],
-    pub d64: &'a [f64],
-    pub dsum64: &'a [f64],
 }
 
 impl Q8Acts {
@@ -129,8 +124,6 @@ impl Q8Acts {
         self.qs.resize(xs.len(), 0);
         self.d.clear();
         self.dsum.clear();
-        self.d64.clear();
-        self.dsum64.clear();
         for (x, q) in xs.chunks_exact(BLOCK).zip(self.qs.chunks_exact_mut(BLOCK)) {
             let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -146,8 +139,6 @@ impl Q8Acts {
             let dsum = d * sum as f32;
             self.d.push(d);
             self.dsum.push(dsum);
-            self.d64.push(f64::from(d));
-            self.dsum64.push(f64::from(dsum));
         }
         Ok(())
     }
@@ -172,8 +163,6 @@ impl Q8Acts {
             qs: &self.qs[t * self.cols..][..self.cols],
             d: &self.d[t * blocks..][..blocks],
             dsum: &self.dsum[t * blocks..][..blocks],
-            d64: &self.d64[t * blocks..][..blocks],
-            dsum64: &self.dsum64[t * blocks..][..blocks],
         }
     }
 }

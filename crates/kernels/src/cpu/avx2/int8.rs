@@ -89,6 +89,17 @@ enum Mins {
     Subtract,
 }
 
+/// Panics unless every vector holds `blocks` scales and `32 · blocks` values: the one
+/// check the block loops' raw reads rely on.
+fn assert_covers(xs: &[Q8Row<'_>], blocks: usize) {
+    assert!(
+        (xs.iter()).all(|x| {
+            x.d.len() >= blocks && x.dsum.len() >= blocks && x.qs.len() >= blocks * BLOCK
+        }),
+        "quantized activations shorter than the weight row"
+    );
+}
+
 /// The loop every kernel shares, over the row's `blocks` 32-value sub-blocks in pairs
 /// (even ones into one set of accumulators, odd ones into the other, in registers): for
 /// each, `sub(b)` reads it, then each vector's 8 lanes (through `lanes`) are scaled by
@@ -112,13 +123,7 @@ unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
         return unsafe { dot_blocks_wide::<T>(blocks, xs, mins, sub, lanes) };
     }
     // The one check the raw reads below rely on.
-    assert!(
-        xs.iter().all(|x| {
-            let scales = [x.d.len(), x.dsum.len(), x.d64.len(), x.dsum64.len()];
-            scales.iter().all(|&n| n >= blocks) && x.qs.len() >= blocks * BLOCK
-        }),
-        "quantized activations shorter than the weight row"
-    );
+    assert_covers(&xs, blocks);
     // SAFETY: every intrinsic and read below has the caller's features; every vector
     // holds `blocks` scales and `32 · blocks` values (asserted above).
     unsafe {
@@ -190,13 +195,7 @@ unsafe fn dot_blocks_wide<const T: usize>(
     sub: impl Fn(usize) -> Sub,
     lanes: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f64; T] {
-    assert!(
-        xs.iter().all(|x| {
-            let scales = [x.d64.len(), x.dsum64.len()];
-            scales.iter().all(|&n| n >= blocks) && x.qs.len() >= blocks * BLOCK
-        }),
-        "quantized activations shorter than the weight row"
-    );
+    assert_covers(&xs, blocks);
     // SAFETY: as in `dot_blocks`.
     unsafe {
         // Block `$b`'s 8 lanes with vector `$x` (a macro: see `dot_blocks`).
@@ -221,7 +220,7 @@ unsafe fn dot_blocks_wide<const T: usize>(
         macro_rules! add_min {
             ($sub:expr, $x:expr, $b:expr, $chains:ident, $t:expr) => {
                 if mins != Mins::None {
-                    let dsum = *$x.dsum64.get_unchecked($b);
+                    let dsum = f64::from(*$x.dsum.get_unchecked($b));
                     $chains[$b & 1][$t] = f64::from($sub.min).mul_add(dsum, $chains[$b & 1][$t]);
                 }
             };
@@ -243,7 +242,7 @@ unsafe fn dot_blocks_wide<const T: usize>(
                 let q = _mm256_hadd_epi32(_mm256_hadd_epi32(r0, r1), _mm256_hadd_epi32(r2, r3));
                 let sums =
                     _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-                let dx = _mm256_loadu_pd(x.d64.as_ptr().add(b));
+                let dx = _mm256_cvtps_pd(_mm_loadu_ps(x.d.as_ptr().add(b)));
                 let factors = _mm256_mul_pd(scales, dx);
                 acc[t] = _mm256_fmadd_pd(factors, _mm256_cvtepi32_pd(sums), acc[t]);
                 add_min!(s0, x, b, min_chains, t);
@@ -266,7 +265,7 @@ unsafe fn dot_blocks_wide<const T: usize>(
                 let h = _mm_add_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
                 let h = _mm_hadd_epi32(_mm_hadd_epi32(h, h), h);
                 let sum = f64::from(_mm_cvtsi128_si32(h));
-                let factor = f64::from(s.scale) * *x.d64.get_unchecked(b);
+                let factor = f64::from(s.scale) * f64::from(*x.d.get_unchecked(b));
                 chains[t][b % 4] = factor.mul_add(sum, chains[t][b % 4]);
                 add_min!(s, x, b, min_chains, t);
             }
