@@ -104,29 +104,83 @@ pub fn paged_attention(
         .enumerate()
         .for_each_init(Vec::new, |scores, (i, (o, qh))| {
             let (t, h) = (i / heads, i % heads);
-            let span = params.span(visible[t]);
-            attend_head(qh, kv, tables[t], span, h / group, params, scores, o);
+            let head = Head {
+                q: qh,
+                kv,
+                block_table: tables[t],
+                span: params.span(visible[t]),
+                kv_head: h / group,
+                params,
+            };
+            attend_head(&head, scores, o);
         });
 }
 
-/// One query head against positions `span` of one KV head.
-#[allow(clippy::too_many_arguments)] // the hot inner call: a struct would be rebuilt per head
-fn attend_head(
-    q: &[f32],
-    kv: &PagedKv<'_>,
-    block_table: &[u32],
+/// One query head's attention: the query, the pools, the sequence's block table, the
+/// positions it sees and the KV head it reads.
+struct Head<'a> {
+    q: &'a [f32],
+    kv: &'a PagedKv<'a>,
+    block_table: &'a [u32],
     span: std::ops::Range<usize>,
     kv_head: usize,
-    params: &AttentionParams,
+    params: &'a AttentionParams,
+}
+
+/// [`Head`] into `out`: with AVX2 where the CPU has it (the same bits as without: the same
+/// dot kernel, the same float steps).
+fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::Features::get().avx2 {
+        // SAFETY: AVX2 and FMA are present.
+        return unsafe { attend_head_avx2(head, scores, out) };
+    }
+    attend_head_with(head, scores, out, dot_f32);
+}
+
+/// [`attend_head`] compiled for AVX2, its loops and dot products inlined.
+///
+/// # Safety
+/// Needs AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    // SAFETY: this function's features are the kernel's.
+    let dot = |a: &[f32], b: &[f32]| unsafe { crate::cpu::dot_f32_avx2(a, [b])[0] };
+    attend_head_with(head, scores, out, dot);
+}
+
+/// [`attend_head`]'s steps, with `dot` for the scores. Positions are taken a block at a
+/// time (one table lookup per block, then a fixed stride).
+#[inline(always)]
+fn attend_head_with(
+    head: &Head<'_>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
-    let hd = kv.layout.head_dim;
+    let Head {
+        q,
+        kv,
+        block_table,
+        ref span,
+        kv_head,
+        params,
+    } = *head;
+    let layout = kv.layout;
+    let (hd, bs) = (layout.head_dim, layout.block_size);
+    let stride = layout.kv_heads * hd;
+    // Each block's run of `span`: the offset of its first position, and how many.
+    let runs = (span.start / bs..span.end.div_ceil(bs)).map(|bi| {
+        let (first, end) = ((bi * bs).max(span.start), ((bi + 1) * bs).min(span.end));
+        let at = ((block_table[bi] as usize * bs + first % bs) * layout.kv_heads + kv_head) * hd;
+        (at, end - first)
+    });
+    let offsets = runs.flat_map(|(at, count)| (0..count).map(move |i| at + i * stride));
     scores.clear();
     let mut max = f32::NEG_INFINITY;
-    for pos in span.clone() {
-        let at = kv.layout.offset(block_table, pos, kv_head);
-        let s = params.logit(dot_f32(q, &kv.k[at..at + hd]));
+    for at in offsets.clone() {
+        let s = params.logit(dot(q, &kv.k[at..at + hd]));
         max = max.max(s);
         scores.push(s);
     }
@@ -136,8 +190,7 @@ fn attend_head(
         sum += *s;
     }
     out.fill(0.0);
-    for (pos, s) in span.zip(scores.iter()) {
-        let at = kv.layout.offset(block_table, pos, kv_head);
+    for (at, s) in offsets.zip(scores.iter()) {
         let p = s / sum;
         for (o, v) in out.iter_mut().zip(&kv.v[at..at + hd]) {
             *o += p * v;

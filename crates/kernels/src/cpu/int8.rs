@@ -4,16 +4,18 @@
 //! sub-blocks are the activation blocks, each with its own scale and min); other types
 //! keep the exact f32 kernels in `fast` mode.
 //!
-//! **The arithmetic, shared by every path to the bit.** In a 32-value block `b`, lane `k`
-//! (0..8) sums the integer products of values `4k..4k + 4` exactly (an `i32`); each lane
-//! accumulates `fma(d_w·d_x, lane, acc[b mod 2][k])` in f32; the two accumulators add lane
-//! by lane, the 8 lanes sum as a fixed tree ([`hsum8`]), and a Q4_1 row's min terms
-//! (`m_w·(d_x·Σq_x)`, fused into two chains by the same block parity, added together)
-//! add last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
-//! AVX-512 VNNI (`vpdpbusd`) give the same exact lanes, so the scalar reference here, the
-//! AVX2 path and the VNNI path agree bit for bit, and a vector's result depends on nothing
-//! but its own values: batch invariant. The blocks are those of the weight's columns, so a
-//! tensor-parallel split at block boundaries quantizes each block the same: tp invariant.
+//! **The arithmetic, shared by every path to the bit.** Each 32-value block `b` gives its
+//! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
+//! block's factor `d_w·d_x` (rounded once, in the sum's type [`Sum`]) and added with one
+//! fused multiply-add into chain `b mod 4`; a row's min terms (Q4_1's `m_w·(d_x·Σq_x)`,
+//! Q4_K's `dmin·m` the same way) go into four chains of their own by the same rule. The
+//! chains add as `(c0 + c2) + (c1 + c3)` ([`add_chains`]), and the mins' total is added to
+//! (Q4_1) or taken from (Q4_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
+//! AVX-512 VNNI (`vpdpbusd`) give the same exact integer sums, so the scalar reference
+//! here, the AVX2 path and the VNNI path agree bit for bit, and a vector's result depends
+//! on nothing but its own values: batch invariant. The blocks are those of the weight's
+//! columns, so a tensor-parallel split at block boundaries quantizes each block the same:
+//! tp invariant.
 
 use super::Features;
 use crate::quant::float::f16_le_to_f32;
@@ -29,11 +31,8 @@ const ROUNDER: f32 = 12_582_912.0;
 /// The float type a row's block products are summed in ([`Q8Acts::dot_rows`]): `f32` for
 /// a matmul whose output is final; `f64` ("wide") for the partial sums of a row-parallel
 /// projection, which are added across the ranks before they are rounded to f32, so that the
-/// total does not depend on how the columns were split. Wide sums take each block's whole
-/// integer sum into one of 4 chains (block b into chain b mod 4, added as (0 + 2) + (1 + 3)
-/// at the end) instead of 8 lanes in 2 chains by parity; a block's products are exact
-/// in f64 up to the lane (a block's factor `scale·d_x` is, 24 bits times 24), and every
-/// path rounds the same fused products and sums.
+/// total does not depend on how the columns were split. Both run the module's arithmetic;
+/// in f64 a block's factor `scale·d_x` is exact (24 bits times 24).
 pub trait Sum:
     Copy
     + Default
@@ -49,6 +48,8 @@ pub trait Sum:
     fn from_f32(v: f32) -> Self;
     /// A kernel's result (an f32 widened, for `f32`).
     fn from_f64(v: f64) -> Self;
+    /// This value as a kernel returns it (exact).
+    fn to_f64(self) -> f64;
 }
 
 impl Sum for f32 {
@@ -62,6 +63,9 @@ impl Sum for f32 {
     fn from_f64(v: f64) -> f32 {
         v as f32
     }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
 }
 
 impl Sum for f64 {
@@ -74,6 +78,9 @@ impl Sum for f64 {
     }
     fn from_f64(v: f64) -> f64 {
         v
+    }
+    fn to_f64(self) -> f64 {
+        self
     }
 }
 
@@ -299,11 +306,10 @@ impl Kernels {
     }
 }
 
-/// Sums 8 lanes as the AVX2 horizontal sum does: halves, then pairs, then the last two.
-pub fn hsum8<S: Sum>(v: [S; 8]) -> S {
-    let s4 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
-    s2[0] + s2[1]
+/// The total of four chains (chain `c` holding blocks `b ≡ c (mod 4)`), in the one order
+/// every path adds them.
+pub fn add_chains<S: Sum>(c: [S; 4]) -> S {
+    (c[0] + c[2]) + (c[1] + c[3])
 }
 
 /// The scalar reference: `row` (whole blocks of `dtype`, one 32-value block per scale of
@@ -324,38 +330,26 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
             actual: row.len(),
         });
     }
-    let mut acc = [[S::default(); 8]; 2];
-    let mut mins = [S::default(); 2];
+    let mut chains = [S::default(); 4];
+    let mut mins = [S::default(); 4];
     for b in 0..x.d.len() {
         let per = values / BLOCK;
         let block = &row[b / per * bytes..][..bytes];
         let (w, dw, min) = sub_block(dtype, block, b % per);
         let xq = &x.qs[b * BLOCK..][..BLOCK];
-        // Narrow: rounded to f32; wide: exact.
-        let scale = S::from_f32(dw) * S::from_f32(x.d[b]);
-        if S::WIDE {
-            // The block's whole integer sum (|sum| < 2^20: exact in f32), into chain b mod 4.
-            let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
-            acc[0][b % 4] = S::mul_add(scale, S::from_f32(sum as f32), acc[0][b % 4]);
-        } else {
-            for (k, acc) in acc[b & 1].iter_mut().enumerate() {
-                // |lane| < 2^18: exact in f32.
-                let lane: i32 = (4 * k..4 * k + 4).map(|i| w[i] * i32::from(xq[i])).sum();
-                *acc = S::mul_add(scale, S::from_f32(lane as f32), *acc);
-            }
-        }
+        // Rounded once in `S` (exact in f64).
+        let factor = S::from_f32(dw) * S::from_f32(x.d[b]);
+        // |sum| < 2^20: exact in f32.
+        let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
+        chains[b % 4] = S::mul_add(factor, S::from_f32(sum as f32), chains[b % 4]);
         if let Some(m) = min {
-            mins[b & 1] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[b & 1]);
+            mins[b % 4] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[b % 4]);
         }
     }
-    let total = if S::WIDE {
-        (acc[0][0] + acc[0][2]) + (acc[0][1] + acc[0][3])
-    } else {
-        hsum8(std::array::from_fn(|k| acc[0][k] + acc[1][k]))
-    };
+    let (total, mins) = (add_chains(chains), add_chains(mins));
     Ok(match dtype {
-        DType::Q4_1 => total + (mins[0] + mins[1]),
-        DType::Q4K => total - (mins[0] + mins[1]),
+        DType::Q4_1 => total + mins,
+        DType::Q4K => total - mins,
         _ => total,
     })
 }

@@ -14,6 +14,8 @@ mod dot;
 pub mod int8;
 mod threshold_sampling;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::dot_f32 as dot_f32_avx2;
 pub use dot::{BatchDot, RowDot, dot_f32};
 pub use threshold_sampling::{
     RowDraw, SampleScratch, ThresholdParams, sample_threshold, sample_threshold_in,

@@ -8,8 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::hsum;
-use crate::cpu::int8::{BLOCK, Q8Row};
+use crate::cpu::int8::{BLOCK, Q8Row, Sum, add_chains};
 use crate::quant::k_quants::q4_k_scale_min;
 
 /// Loads 32 bytes from `p`.
@@ -51,6 +50,46 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le(
         bits,
     )))))
+}
+
+/// The little-endian f16s at `p`, `p + stride`, `p + 2·stride` and `p + 3·stride`.
+///
+/// # Safety
+/// The four 2-byte ranges must be readable.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
+    // SAFETY: the caller's ranges.
+    let half = |k: usize| unsafe { p.add(k * stride).cast::<i16>().read_unaligned() };
+    _mm_cvtph_ps(_mm_setr_epi16(
+        half(0),
+        half(1),
+        half(2),
+        half(3),
+        0,
+        0,
+        0,
+        0,
+    ))
+}
+
+/// The pairs of little-endian f16s at `p + k·stride` (k in 0..4), as two vectors: the
+/// pairs' first values and their second ones.
+///
+/// # Safety
+/// The four 4-byte ranges must be readable.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_pairs_x4(p: *const u8, stride: usize) -> (__m128, __m128) {
+    // SAFETY: the caller's ranges.
+    let pair = |k: usize| unsafe { p.add(k * stride).cast::<i32>().read_unaligned() };
+    let halves = _mm256_cvtph_ps(_mm_setr_epi32(pair(0), pair(1), pair(2), pair(3)));
+    // [a0 b0 a1 b1 a2 b2 a3 b3] → [a0 a1 a2 a3 | b0 b1 b2 b3].
+    let split = _mm256_permutevar8x32_ps(halves, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    (
+        _mm256_castps256_ps128(split),
+        _mm256_extractf128_ps::<1>(split),
+    )
 }
 
 /// The 8 lanes of `Σ w·x` (lane k: values 4k..4k + 4) for unsigned `w`, signed `x`: AVX2.
@@ -100,105 +139,123 @@ fn assert_covers(xs: &[Q8Row<'_>], blocks: usize) {
     );
 }
 
-/// The loop every kernel shares, over the row's `blocks` 32-value sub-blocks in pairs
-/// (even ones into one set of accumulators, odd ones into the other, in registers): for
-/// each, `sub(b)` reads it, then each vector's 8 lanes (through `lanes`) are scaled by
-/// `scale·d_x`; the min terms `min·(d_x·Σq_x)` go into two scalar chains by the same
-/// parity, added to or taken from the lanes' sum at the end. `WIDE` sums in f64 instead,
-/// in [`dot_blocks_wide`]. The result comes as f64 either way.
+/// Four chains of sums in one register, in f32 ([`__m128`]) or f64 ([`__m256d`]): chain `c`
+/// takes blocks `b ≡ c (mod 4)`.
+trait Chains: Sum {
+    type V: Copy;
+    /// Every chain 0.
+    fn zero() -> Self::V;
+    /// `a·b` per chain, rounded in this type (exact in f64: 24 bits times 24).
+    fn product(a: __m128, b: __m128) -> Self::V;
+    /// `a` in this type.
+    fn widen(a: __m128) -> Self::V;
+    /// `a` (integers below 2^24 in magnitude, so exact either way) in this type.
+    fn from_ints(a: __m128i) -> Self::V;
+    /// `a·b + acc`, rounded once.
+    fn fma(a: Self::V, b: Self::V, acc: Self::V) -> Self::V;
+    /// The four chains.
+    fn chains(v: Self::V) -> [Self; 4];
+}
+
+impl Chains for f32 {
+    type V = __m128;
+    #[inline(always)]
+    fn zero() -> __m128 {
+        // SAFETY: SSE is part of x86_64.
+        unsafe { _mm_setzero_ps() }
+    }
+    #[inline(always)]
+    fn product(a: __m128, b: __m128) -> __m128 {
+        // SAFETY: as in `zero`.
+        unsafe { _mm_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn widen(a: __m128) -> __m128 {
+        a
+    }
+    #[inline(always)]
+    fn from_ints(a: __m128i) -> __m128 {
+        // SAFETY: as in `zero`.
+        unsafe { _mm_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    fn fma(a: __m128, b: __m128, acc: __m128) -> __m128 {
+        // SAFETY: the kernels that inline this have FMA.
+        unsafe { _mm_fmadd_ps(a, b, acc) }
+    }
+    #[inline(always)]
+    fn chains(v: __m128) -> [f32; 4] {
+        let mut out = [0.0; 4];
+        // SAFETY: `out` holds 4 values.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    }
+}
+
+impl Chains for f64 {
+    type V = __m256d;
+    #[inline(always)]
+    fn zero() -> __m256d {
+        // SAFETY: the kernels that inline this have AVX2.
+        unsafe { _mm256_setzero_pd() }
+    }
+    #[inline(always)]
+    fn product(a: __m128, b: __m128) -> __m256d {
+        // SAFETY: as in `zero`.
+        unsafe { _mm256_mul_pd(_mm256_cvtps_pd(a), _mm256_cvtps_pd(b)) }
+    }
+    #[inline(always)]
+    fn widen(a: __m128) -> __m256d {
+        // SAFETY: as in `zero`.
+        unsafe { _mm256_cvtps_pd(a) }
+    }
+    #[inline(always)]
+    fn from_ints(a: __m128i) -> __m256d {
+        // SAFETY: as in `zero`.
+        unsafe { _mm256_cvtepi32_pd(a) }
+    }
+    #[inline(always)]
+    fn fma(a: __m256d, b: __m256d, acc: __m256d) -> __m256d {
+        // SAFETY: the kernels that inline this have FMA.
+        unsafe { _mm256_fmadd_pd(a, b, acc) }
+    }
+    #[inline(always)]
+    fn chains(v: __m256d) -> [f64; 4] {
+        let mut out = [0.0; 4];
+        // SAFETY: `out` holds 4 values.
+        unsafe { _mm256_storeu_pd(out.as_mut_ptr(), v) };
+        out
+    }
+}
+
+/// The loop every kernel shares, in the arithmetic of [`crate::cpu::int8`], summing in `S`:
+/// over the row's `blocks` 32-value sub-blocks four at a time, `sub(b)` reads each, then for
+/// each vector the four blocks' 8 lanes (through `lanes`) are reduced to each block's
+/// whole integer sum (the four sums in one register), scaled by `scale·d_x` and added into
+/// chain `b mod 4`; the min terms `min·(d_x·Σq_x)` go into four chains of their own the
+/// same way. A last partial quad goes block by block into the same chains. The result comes
+/// as f64 either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
+/// register each (the same values as `sub`'s, read together).
 ///
 /// # Safety
-/// Needs AVX2, FMA, F16C and whatever `lanes` and `sub` need; `sub(b)` reads inside the
-/// row for every `b < blocks`.
+/// Needs AVX2, FMA, F16C and whatever `lanes`, `sub` and `quad` need; `sub(b)` reads inside
+/// the row for every `b < blocks`, `quad(b)` for every `b + 4 <= blocks`.
 #[inline(always)]
-unsafe fn dot_blocks<const T: usize, const WIDE: bool>(
+unsafe fn dot_blocks<const T: usize, S: Chains>(
     blocks: usize,
     xs: [Q8Row<'_>; T],
     mins: Mins,
     sub: impl Fn(usize) -> Sub,
+    quad: impl Fn(usize) -> (__m128, __m128),
     lanes: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f64; T] {
-    if WIDE {
-        // SAFETY: the caller's contract, passed on.
-        return unsafe { dot_blocks_wide::<T>(blocks, xs, mins, sub, lanes) };
-    }
     // The one check the raw reads below rely on.
     assert_covers(&xs, blocks);
     // SAFETY: every intrinsic and read below has the caller's features; every vector
     // holds `blocks` scales and `32 · blocks` values (asserted above).
     unsafe {
-        // A macro, not a closure: a closure would not inherit the caller's target
-        // features, and its intrinsics would become calls.
-        macro_rules! step {
-            ($b:expr, $acc:ident, $mins:ident) => {{
-                let b = $b;
-                let Sub {
-                    values,
-                    signed,
-                    scale,
-                    min,
-                } = sub(b);
-                let unsigned = if signed {
-                    _mm256_sign_epi8(values, values)
-                } else {
-                    values
-                };
-                for t in 0..T {
-                    let x = &xs[t];
-                    let mut xq = load32(x.qs.as_ptr().add(b * BLOCK).cast());
-                    if signed {
-                        xq = _mm256_sign_epi8(xq, values);
-                    }
-                    let sums = _mm256_cvtepi32_ps(lanes(unsigned, xq));
-                    let dx = *x.d.get_unchecked(b);
-                    $acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale * dx), sums, $acc[t]);
-                    if mins != Mins::None {
-                        $mins[t] = min.mul_add(*x.dsum.get_unchecked(b), $mins[t]);
-                    }
-                }
-            }};
-        }
-        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
-        let (mut mins0, mut mins1) = ([0.0f32; T], [0.0f32; T]);
-        let mut b = 0;
-        while b + 2 <= blocks {
-            step!(b, acc0, mins0);
-            step!(b + 1, acc1, mins1);
-            b += 2;
-        }
-        if b < blocks {
-            step!(b, acc0, mins0);
-        }
-        std::array::from_fn(|t| {
-            let total = hsum(_mm256_add_ps(acc0[t], acc1[t]));
-            f64::from(match mins {
-                Mins::None => total,
-                Mins::Add => total + (mins0[t] + mins1[t]),
-                Mins::Subtract => total - (mins0[t] + mins1[t]),
-            })
-        })
-    }
-}
-
-/// [`dot_blocks`] summed in f64 (see [`crate::cpu::int8::Sum`]): blocks four at a time, each
-/// block's 8 lanes reduced to its whole integer sum (the four sums in one register), scaled
-/// by `scale·d_x` in f64 and added into chain `b mod 4`; a last partial quad goes block by
-/// block into the same chains. The min terms as in [`dot_blocks`], in f64.
-///
-/// # Safety
-/// As [`dot_blocks`].
-#[inline(always)]
-unsafe fn dot_blocks_wide<const T: usize>(
-    blocks: usize,
-    xs: [Q8Row<'_>; T],
-    mins: Mins,
-    sub: impl Fn(usize) -> Sub,
-    lanes: impl Fn(__m256i, __m256i) -> __m256i,
-) -> [f64; T] {
-    assert_covers(&xs, blocks);
-    // SAFETY: as in `dot_blocks`.
-    unsafe {
-        // Block `$b`'s 8 lanes with vector `$x` (a macro: see `dot_blocks`).
+        // Block `$b`'s 8 lanes with vector `$x`. A macro, not a closure: a closure would
+        // not inherit the caller's target features, and its intrinsics would become calls.
         macro_rules! block_lanes {
             ($sub:expr, $unsigned:expr, $x:expr, $b:expr) => {{
                 let mut xq = load32($x.qs.as_ptr().add($b * BLOCK).cast());
@@ -217,72 +274,95 @@ unsafe fn dot_blocks_wide<const T: usize>(
                 }
             };
         }
-        macro_rules! add_min {
-            ($sub:expr, $x:expr, $b:expr, $chains:ident, $t:expr) => {
-                if mins != Mins::None {
-                    let dsum = f64::from(*$x.dsum.get_unchecked($b));
-                    $chains[$b & 1][$t] = f64::from($sub.min).mul_add(dsum, $chains[$b & 1][$t]);
+        let mut acc = [S::zero(); T];
+        let mut min_acc = [S::zero(); T];
+        // Blocks `$b..$b + $n` (`$n` ≤ 4) into the chains, with the quad's scales and min
+        // factors; in a last partial quad, the missing blocks count as zeros (lanes, scales
+        // and factors), whose fused 0·0 leaves a chain's bits as they were.
+        macro_rules! quad {
+            ($b:expr, $n:expr, $scales:expr, $mins:expr) => {{
+                let (b, n) = ($b, $n);
+                let none = Sub {
+                    values: _mm256_setzero_si256(),
+                    signed: false,
+                    scale: 0.0,
+                    min: 0.0,
+                };
+                let s0 = sub(b);
+                let s1 = if n > 1 { sub(b + 1) } else { none };
+                let s2 = if n > 2 { sub(b + 2) } else { none };
+                let s3 = if n > 3 { sub(b + 3) } else { none };
+                let (u0, u1, u2, u3) = (unsigned!(s0), unsigned!(s1), unsigned!(s2), unsigned!(s3));
+                let (scales, block_mins): (__m128, __m128) =
+                    ($scales(s0, s1, s2, s3), $mins(s0, s1, s2, s3));
+                let block_mins = S::widen(block_mins);
+                for t in 0..T {
+                    let x = &xs[t];
+                    let zero = _mm256_setzero_si256();
+                    let r0 = block_lanes!(s0, u0, x, b);
+                    let r1 = if n > 1 {
+                        block_lanes!(s1, u1, x, b + 1)
+                    } else {
+                        zero
+                    };
+                    let r2 = if n > 2 {
+                        block_lanes!(s2, u2, x, b + 2)
+                    } else {
+                        zero
+                    };
+                    let r3 = if n > 3 {
+                        block_lanes!(s3, u3, x, b + 3)
+                    } else {
+                        zero
+                    };
+                    // Per 128-bit half: [Σ r0, Σ r1, Σ r2, Σ r3] of its lanes; then the halves.
+                    let q = _mm256_hadd_epi32(_mm256_hadd_epi32(r0, r1), _mm256_hadd_epi32(r2, r3));
+                    let sums =
+                        _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+                    // The vector's 4 values from block `b` on (zeros past the last block).
+                    let four = |v: &[f32]| {
+                        if n == 4 {
+                            _mm_loadu_ps(v.as_ptr().add(b))
+                        } else {
+                            let at = |k: usize| if k < n { *v.get_unchecked(b + k) } else { 0.0 };
+                            _mm_setr_ps(at(0), at(1), at(2), at(3))
+                        }
+                    };
+                    let factors = S::product(scales, four(x.d));
+                    acc[t] = S::fma(factors, S::from_ints(sums), acc[t]);
+                    if mins != Mins::None {
+                        min_acc[t] = S::fma(block_mins, S::widen(four(x.dsum)), min_acc[t]);
+                    }
                 }
-            };
+            }};
         }
-        let mut acc = [_mm256_setzero_pd(); T];
-        let mut min_chains = [[0.0f64; T]; 2];
         let mut b = 0;
         while b + 4 <= blocks {
-            let (s0, s1, s2, s3) = (sub(b), sub(b + 1), sub(b + 2), sub(b + 3));
-            let (u0, u1, u2, u3) = (unsigned!(s0), unsigned!(s1), unsigned!(s2), unsigned!(s3));
-            let scales = _mm256_cvtps_pd(_mm_setr_ps(s0.scale, s1.scale, s2.scale, s3.scale));
-            for t in 0..T {
-                let x = &xs[t];
-                let r0 = block_lanes!(s0, u0, x, b);
-                let r1 = block_lanes!(s1, u1, x, b + 1);
-                let r2 = block_lanes!(s2, u2, x, b + 2);
-                let r3 = block_lanes!(s3, u3, x, b + 3);
-                // Per 128-bit half: [Σ r0, Σ r1, Σ r2, Σ r3] of its lanes; then the halves.
-                let q = _mm256_hadd_epi32(_mm256_hadd_epi32(r0, r1), _mm256_hadd_epi32(r2, r3));
-                let sums =
-                    _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-                let dx = _mm256_cvtps_pd(_mm_loadu_ps(x.d.as_ptr().add(b)));
-                let factors = _mm256_mul_pd(scales, dx);
-                acc[t] = _mm256_fmadd_pd(factors, _mm256_cvtepi32_pd(sums), acc[t]);
-                add_min!(s0, x, b, min_chains, t);
-                add_min!(s1, x, b + 1, min_chains, t);
-                add_min!(s2, x, b + 2, min_chains, t);
-                add_min!(s3, x, b + 3, min_chains, t);
-            }
+            let (scales, block_mins) = quad(b);
+            quad!(b, 4, |_, _, _, _| scales, |_, _, _, _| block_mins);
             b += 4;
         }
-        let mut chains = [[0.0f64; 4]; T];
-        for t in 0..T {
-            _mm256_storeu_pd(chains[t].as_mut_ptr(), acc[t]);
+        if b < blocks {
+            quad!(
+                b,
+                blocks - b,
+                |s0: Sub, s1: Sub, s2: Sub, s3: Sub| _mm_setr_ps(
+                    s0.scale, s1.scale, s2.scale, s3.scale
+                ),
+                |s0: Sub, s1: Sub, s2: Sub, s3: Sub| _mm_setr_ps(s0.min, s1.min, s2.min, s3.min)
+            );
         }
-        while b < blocks {
-            let s = sub(b);
-            let u = unsigned!(s);
-            for t in 0..T {
-                let x = &xs[t];
-                let r = block_lanes!(s, u, x, b);
-                let h = _mm_add_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
-                let h = _mm_hadd_epi32(_mm_hadd_epi32(h, h), h);
-                let sum = f64::from(_mm_cvtsi128_si32(h));
-                let factor = f64::from(s.scale) * f64::from(*x.d.get_unchecked(b));
-                chains[t][b % 4] = factor.mul_add(sum, chains[t][b % 4]);
-                add_min!(s, x, b, min_chains, t);
-            }
-            b += 1;
-        }
-        let mut out = [0.0; T];
-        for t in 0..T {
-            let c = chains[t];
-            let total = (c[0] + c[2]) + (c[1] + c[3]);
-            let m = min_chains[0][t] + min_chains[1][t];
-            out[t] = match mins {
+        let chains: [[S; 4]; T] = std::array::from_fn(|t| S::chains(acc[t]));
+        let min_chains: [[S; 4]; T] = std::array::from_fn(|t| S::chains(min_acc[t]));
+        std::array::from_fn(|t| {
+            let total = add_chains(chains[t]);
+            let m = add_chains(min_chains[t]);
+            S::to_f64(match mins {
                 Mins::None => total,
                 Mins::Add => total + m,
                 Mins::Subtract => total - m,
-            };
-        }
-        out
+            })
+        })
     }
 }
 
@@ -290,25 +370,32 @@ unsafe fn dot_blocks_wide<const T: usize>(
 /// row `$w` with `$blocks` sub-blocks through `|$b| $sub`.
 macro_rules! int8_kernel {
     ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident, $mins:expr,
-     |$w:ident| $blocks:expr, |$b:ident| $sub:expr) => {
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize, const WIDE: bool>(
             $w: &[u8],
             xs: [Q8Row<'_>; T],
         ) -> [f64; T] {
-            // SAFETY: the caller's features and lengths.
-            unsafe {
-                dot_blocks::<T, WIDE>(
-                    $blocks,
-                    xs,
-                    $mins,
-                    #[inline(always)]
-                    |$b| $sub,
-                    #[inline(always)]
-                    |w, x| $lanes(w, x),
-                )
+            macro_rules! run {
+                ($sum:ty) => {
+                    // SAFETY: the caller's features and lengths.
+                    unsafe {
+                        dot_blocks::<T, $sum>(
+                            $blocks,
+                            xs,
+                            $mins,
+                            #[inline(always)]
+                            |$b| $sub,
+                            #[inline(always)]
+                            |$q| $quad,
+                            #[inline(always)]
+                            |w, x| $lanes(w, x),
+                        )
+                    }
+                };
             }
+            if WIDE { run!(f64) } else { run!(f32) }
         }
     };
 }
@@ -317,14 +404,14 @@ macro_rules! int8_kernel {
 /// `$vnni` through [`lanes_vnni`] (the same bits).
 macro_rules! int8_kernels {
     ($(#[$doc:meta])* $avx2:ident, $vnni:ident, $mins:expr,
-     |$w:ident| $blocks:expr, |$b:ident| $sub:expr) => {
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr) => {
         int8_kernel!(
             $(#[$doc])*
             ///
             /// # Safety
             /// Needs AVX2, FMA and F16C; `w` holds whole blocks, one 32-value sub-block per
             /// scale of every vector.
-            $avx2, "avx2,fma,f16c", lanes_avx2, $mins, |$w| $blocks, |$b| $sub
+            $avx2, "avx2,fma,f16c", lanes_avx2, $mins, |$w| $blocks, |$b| $sub, |$q| $quad
         );
         int8_kernel!(
             $(#[$doc])*
@@ -332,7 +419,7 @@ macro_rules! int8_kernels {
             /// # Safety
             /// Needs AVX2, FMA, F16C, AVX-512 VNNI and VL; lengths as the AVX2 kernel.
             $vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni, $mins, |$w| $blocks,
-            |$b| $sub
+            |$b| $sub, |$q| $quad
         );
     };
 }
@@ -342,7 +429,8 @@ int8_kernels!(
     dot_q8_0, dot_q8_0_vnni, Mins::None, |w| w.len() / 34, |b| {
         let block = w.as_ptr().add(b * 34);
         Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0 }
-    }
+    },
+    |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps())
 );
 
 int8_kernels!(
@@ -351,7 +439,8 @@ int8_kernels!(
         let block = w.as_ptr().add(b * 18);
         let values = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
         Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
-    }
+    },
+    |q| (f16x4(w.as_ptr().add(q * 18), 18), _mm_setzero_ps())
 );
 
 int8_kernels!(
@@ -359,7 +448,8 @@ int8_kernels!(
     dot_q4_1, dot_q4_1_vnni, Mins::Add, |w| w.len() / 20, |b| {
         let block = w.as_ptr().add(b * 20);
         Sub { values: nibbles(block.add(4)), signed: false, scale: f16_at(block), min: f16_at(block.add(2)) }
-    }
+    },
+    |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20)
 );
 
 int8_kernels!(
@@ -377,5 +467,15 @@ int8_kernels!(
         let scale = f16_at(block) * f32::from(sc);
         let min = f16_at(block.add(2)) * f32::from(m);
         Sub { values, signed: false, scale, min }
+    },
+    |q| {
+        // Sub-blocks q..q + 4 of one block (q is a multiple of 4).
+        let block = w.as_ptr().add(q / 8 * 144);
+        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
+        let pairs: [(u8, u8); 4] = std::array::from_fn(|k| q4_k_scale_min(q % 8 + k, scales));
+        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
+        let [a, b, c, e] = pairs.map(|(sc, _)| d * f32::from(sc));
+        let [f, g, h, i] = pairs.map(|(_, m)| dmin * f32::from(m));
+        (_mm_setr_ps(a, b, c, e), _mm_setr_ps(f, g, h, i))
     }
 );
