@@ -1,22 +1,35 @@
 //! The gated MLP activations (Shazeer 2020, <https://arxiv.org/abs/2002.05202>):
 //! `silu(gate) · up` (SwiGLU) and `gelu_tanh(gate) · up` (GeGLU, Gemma).
 
+use rayon::prelude::*;
+
+/// Values per task: a longer input (a prefill's) is split across the pool.
+const PARALLEL_VALUES: usize = 8 * 1024;
+
+/// `gate[i] = f(gate[i], up[i])`, element by element (the same bits however it is split).
+fn gated(gate: &mut [f32], up: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+    (gate.par_chunks_mut(PARALLEL_VALUES))
+        .zip(up.par_chunks(PARALLEL_VALUES))
+        .for_each(|(gate, up)| {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = f(*g, *u);
+            }
+        });
+}
+
 /// `gate[i] = silu(gate[i]) · up[i]` where `silu(x) = x · sigmoid(x)`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    gated(gate, up, |g, u| g / (1.0 + (-g).exp()) * u);
 }
 
 /// `gate[i] = gelu_tanh(gate[i]) · up[i]`, GELU's tanh approximation as torch computes
 /// it (`approximate="tanh"`): `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
     const K: f32 = 0.797_884_6; // √(2/π)
-    for (g, u) in gate.iter_mut().zip(up) {
-        let x = *g;
+    gated(gate, up, |x, u| {
         let inner = K * (x + 0.044_715 * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
-    }
+        0.5 * x * (1.0 + inner.tanh()) * u
+    });
 }
 
 #[cfg(test)]

@@ -319,35 +319,60 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
     } else {
         (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1)
     };
-    // Row-major by weight row (row r's n results at r·n): one vector is `ys` itself.
-    let mut by_row = if n == 1 {
-        Vec::new()
-    } else {
-        vec![Y::default(); n * w.rows]
-    };
-    let out = if n == 1 { &mut *ys } else { &mut by_row[..] };
     let row_bytes = w.dtype.row_bytes(w.cols)?;
-    out.par_chunks_mut(per_task * n)
-        .enumerate()
-        .try_for_each(|(task, out)| {
-            let r0 = task * per_task;
-            for (tile, out) in out.chunks_mut(tile_rows * n).enumerate() {
-                let r = r0 + tile * tile_rows;
-                let rows = &w.data[r * row_bytes..(r + out.len() / n) * row_bytes];
+    if n == 1 {
+        return ys
+            .par_chunks_mut(per_task)
+            .enumerate()
+            .try_for_each(|(task, out)| {
+                let r = task * per_task;
+                dot(
+                    &w.data[r * row_bytes..(r + out.len()) * row_bytes],
+                    0,
+                    1,
+                    out,
+                )
+            });
+    }
+    // Each task fills a tile (row r's n results at r·n) and writes it into `ys` at
+    // `t·rows + r`: its own rows of every vector, so no two tasks write the same value.
+    let out = Scatter(ys.as_mut_ptr());
+    let tasks = w.rows.div_ceil(per_task);
+    (0..tasks)
+        .into_par_iter()
+        .try_for_each_init(Vec::new, |tile, task| {
+            let end = ((task + 1) * per_task).min(w.rows);
+            for r0 in (task * per_task..end).step_by(tile_rows) {
+                let r1 = (r0 + tile_rows).min(end);
+                tile.clear();
+                tile.resize((r1 - r0) * n, Y::default());
+                let rows = &w.data[r0 * row_bytes..r1 * row_bytes];
                 for first in (0..n).step_by(group) {
-                    dot(rows, first, group.min(n - first), out)?;
+                    dot(rows, first, group.min(n - first), tile)?;
+                }
+                for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
+                    for (t, y) in results.iter().enumerate() {
+                        // SAFETY: t < n and r < rows index inside `ys` (n × rows values,
+                        // checked by the caller), and only this task writes row r.
+                        unsafe { out.at(t * w.rows + r).write(*y) };
+                    }
                 }
             }
             Ok::<(), KernelError>(())
-        })?;
-    if n > 1 {
-        for (r, row) in by_row.chunks_exact(n).enumerate() {
-            for (t, y) in row.iter().enumerate() {
-                ys[t * w.rows + r] = *y;
-            }
-        }
+        })
+}
+
+/// `ys` written by the tasks of [`by_rows`], each at indices of its own.
+struct Scatter<Y>(*mut Y);
+
+// SAFETY: the tasks write disjoint indices of a buffer that outlives them (`by_rows`).
+unsafe impl<Y: Send> Sync for Scatter<Y> {}
+
+impl<Y> Scatter<Y> {
+    /// The address of value `i` (a method, so that closures capture the wrapper).
+    fn at(&self, i: usize) -> *mut Y {
+        self.0.wrapping_add(i)
     }
-    Ok(())
 }
 
 fn check_lengths<Y>(w: &MatRef<'_>, xs: &[f32], ys: &[Y]) -> Result<usize, KernelError> {

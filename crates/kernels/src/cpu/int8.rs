@@ -17,6 +17,8 @@
 //! columns, so a tensor-parallel split at block boundaries quantizes each block the same:
 //! tp invariant.
 
+use rayon::prelude::*;
+
 use super::Features;
 use crate::quant::float::f16_le_to_f32;
 use crate::quant::k_quants::{Q4_K_QS_OFFSET, scale_min_pairs};
@@ -25,8 +27,31 @@ use crate::{DType, KernelError};
 /// Values per activation block.
 pub const BLOCK: usize = 32;
 
-/// 1.5·2^23: see [`Q8Acts::requantize`].
+/// 1.5·2^23: see [`quantize_blocks`].
 const ROUNDER: f32 = 12_582_912.0;
+
+/// Values quantized by one task: a larger matmul input (a prefill's) is quantized across
+/// the pool.
+const PARALLEL_VALUES: usize = 16 * 1024;
+
+/// Quantizes the whole blocks of `xs` into `qs`, `d` and `dsum` as [`Q8Acts`] holds them.
+fn quantize_blocks(xs: &[f32], qs: &mut [i8], d: &mut [f32], dsum: &mut [f32]) {
+    let blocks = xs.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK));
+    for ((x, q), (d, dsum)) in blocks.zip(d.iter_mut().zip(dsum)) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        *d = amax / 127.0;
+        let inverse = if *d > 0.0 { 1.0 / *d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, x) in q.iter_mut().zip(x) {
+            // To the nearest, ties to even (as llama.cpp's SIMD quantizers round): adding
+            // and taking away 1.5·2^23 leaves the integer nearest a value below 2^22, in
+            // plain float arithmetic that vectorizes (no `roundf` call).
+            *q = ((x * inverse + ROUNDER) - ROUNDER) as i8;
+            sum += i32::from(*q);
+        }
+        *dsum = *d * sum as f32;
+    }
+}
 
 /// The float type a row's block products are summed in ([`Q8Acts::dot_rows`]): `f32` for
 /// a matmul whose output is final; `f64` ("wide") for the partial sums of a row-parallel
@@ -128,25 +153,16 @@ impl Q8Acts {
             });
         }
         self.cols = cols;
+        let blocks = xs.len() / BLOCK;
         self.qs.resize(xs.len(), 0);
-        self.d.clear();
-        self.dsum.clear();
-        for (x, q) in xs.chunks_exact(BLOCK).zip(self.qs.chunks_exact_mut(BLOCK)) {
-            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, x) in q.iter_mut().zip(x) {
-                // To the nearest, ties to even (as llama.cpp's SIMD quantizers round): adding
-                // and taking away 1.5·2^23 leaves the integer nearest a value below 2^22,
-                // in plain float arithmetic that vectorizes (no `roundf` call).
-                *q = ((x * inverse + ROUNDER) - ROUNDER) as i8;
-                sum += i32::from(*q);
-            }
-            let dsum = d * sum as f32;
-            self.d.push(d);
-            self.dsum.push(dsum);
-        }
+        self.d.resize(blocks, 0.0);
+        self.dsum.resize(blocks, 0.0);
+        // Each block on its own: the same bits however the blocks are split.
+        (xs.par_chunks(PARALLEL_VALUES))
+            .zip(self.qs.par_chunks_mut(PARALLEL_VALUES))
+            .zip(self.d.par_chunks_mut(PARALLEL_VALUES / BLOCK))
+            .zip(self.dsum.par_chunks_mut(PARALLEL_VALUES / BLOCK))
+            .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
         Ok(())
     }
 
