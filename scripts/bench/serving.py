@@ -24,7 +24,8 @@ servers are measured with whole answers (`--no-stream`, no TTFT: E2E is compared
 so the two sides always run the same load. `--stream on|off` forces a mode.
 
 Standard library only. Usage: scripts/bench/serving.py [--concurrency 1,8,32] [--requests N]
-    [--prompt-tokens 128] [--output-tokens 128] [--skip-tessera] [--skip-llamacpp]
+    [--prompt-tokens 128] [--output-tokens 128] [--up-args "..."] [--skip-tessera]
+    [--skip-llamacpp]
 """
 
 import argparse
@@ -129,7 +130,7 @@ def run_loads(name, url, args, stream):
 
 
 def bench_tessera(args, stream_mode):
-    proc = start([TESSERA, "up", "--run-dir", os.path.join(OUT, "cluster")],
+    proc = start([TESSERA, "up", "--run-dir", os.path.join(OUT, "cluster")] + args.up_args.split(),
                  os.path.join(OUT, "tessera-up.log"))
     try:
         wait_for(TESSERA_URL + "/ready", proc, "tessera up", timeout=300)
@@ -214,6 +215,11 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ctx", type=int, default=2048, help="llama.cpp's context (prompt + output must fit)")
     p.add_argument("--stream", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--up-args", default="",
+                   help="more arguments for `tessera up` (default: none, the demo: 3 exact CPU "
+                        "shards); e.g. \"--model models/SmolLM2-135M-Instruct.Q4_1.gguf "
+                        "--precision fast\" for one shard with this machine's cores, as "
+                        "llama.cpp's server has")
     p.add_argument("--skip-tessera", action="store_true")
     p.add_argument("--skip-llamacpp", action="store_true")
     p.add_argument("--no-build", action="store_true")
