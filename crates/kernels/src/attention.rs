@@ -135,7 +135,7 @@ fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
         // SAFETY: AVX2 and FMA are present.
         return unsafe { attend_head_avx2(head, scores, out) };
     }
-    attend_head_with(head, scores, out, dot_f32);
+    attend_head_with::<0>(head, scores, out, dot_f32);
 }
 
 /// [`attend_head`] compiled for AVX2, its loops and dot products inlined.
@@ -147,13 +147,18 @@ fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
 unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     // SAFETY: this function's features are the kernel's.
     let dot = |a: &[f32], b: &[f32]| unsafe { crate::cpu::dot_f32_avx2(a, [b])[0] };
-    attend_head_with(head, scores, out, dot);
+    match head.kv.layout.head_dim {
+        64 => attend_head_with::<64>(head, scores, out, dot),
+        128 => attend_head_with::<128>(head, scores, out, dot),
+        _ => attend_head_with::<0>(head, scores, out, dot),
+    }
 }
 
 /// [`attend_head`]'s steps, with `dot` for the scores. Positions are taken a block at a
-/// time (one table lookup per block, then a fixed stride).
+/// time (one table lookup per block, then a fixed stride). `HD`: the head dimension when it
+/// is known at compile time (the weighted sum of V then stays in registers), or 0.
 #[inline(always)]
-fn attend_head_with(
+fn attend_head_with<const HD: usize>(
     head: &Head<'_>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
@@ -188,6 +193,19 @@ fn attend_head_with(
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
+    }
+    // Σ p·v in position order, each value as `o += p·v` (the same bits either way).
+    if HD > 0 && hd == HD {
+        let mut acc = [0.0f32; HD];
+        for (at, s) in offsets.zip(scores.iter()) {
+            let p = s / sum;
+            let v: &[f32; HD] = kv.v[at..at + HD].try_into().expect("HD values");
+            for (o, v) in acc.iter_mut().zip(v) {
+                *o += p * v;
+            }
+        }
+        out.copy_from_slice(&acc);
+        return;
     }
     out.fill(0.0);
     for (at, s) in offsets.zip(scores.iter()) {
@@ -346,5 +364,60 @@ mod tests {
         assert_eq!(p.span(10), 6..10);
         assert_eq!(p.span(3), 0..3);
         assert_eq!(AttentionParams::causal(8).span(10), 0..10);
+    }
+
+    /// Head dimensions 64 and 128 keep the weighted sum of V in registers: the same bits as
+    /// the general path (summed through memory), and the reference's values, with a
+    /// window starting inside a block.
+    #[test]
+    fn head_dims_known_at_compile_time_give_the_general_paths_bits() {
+        for hd in [64, 128] {
+            let layout = KvLayout {
+                block_size: 16,
+                kv_heads: 2,
+                head_dim: hd,
+            };
+            let (len, table) = (37, [2u32, 0, 1]);
+            let k = values(3 * layout.block_len(), 5);
+            let v = values(3 * layout.block_len(), 6);
+            let kv = PagedKv {
+                layout,
+                k: &k,
+                v: &v,
+            };
+            let q: Vec<f32> = values(hd, 7).iter().map(|x| x * 2.0).collect();
+            let params = AttentionParams {
+                window: Some(30),
+                ..AttentionParams::causal(hd)
+            };
+            let head = Head {
+                q: &q,
+                kv: &kv,
+                block_table: &table,
+                span: params.span(len),
+                kv_head: 1,
+                params: &params,
+            };
+            let (mut fixed, mut general) = (vec![0.0; hd], vec![0.0; hd]);
+            attend_head(&head, &mut Vec::new(), &mut fixed);
+            attend_head_with::<0>(&head, &mut Vec::new(), &mut general, dot_f32);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fixed), bits(&general), "head_dim {hd}");
+            // The reference, from the same values laid out contiguously.
+            let contiguous = |pool: &[f32]| -> Vec<f32> {
+                (0..len)
+                    .flat_map(|p| (0..2).map(move |g| (p, g)))
+                    .flat_map(|(p, g)| pool[layout.offset(&table, p, g)..][..hd].to_vec())
+                    .collect()
+            };
+            let q2: Vec<f32> = [vec![0.0; hd], q.clone()].concat();
+            let mut want = vec![0.0; 2 * hd];
+            let (ck, cv) = (contiguous(&k), contiguous(&v));
+            attention_reference(&q2, &ck, &cv, 2, hd, 2, &[len], &params, &mut want);
+            let worst = (fixed.iter().zip(&want[hd..]))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst < 1e-5, "head_dim {hd}: {worst}");
+        }
     }
 }

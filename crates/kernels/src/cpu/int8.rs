@@ -192,7 +192,7 @@ impl Q8Acts {
 
 impl Q8Acts {
     /// How many vectors one kernel call takes (they share each unpacked weight block).
-    pub const GROUP: usize = 4;
+    pub const GROUP: usize = 8;
 
     /// Dots each of the whole rows in `rows` (of `dtype`, `cols` values each) with vectors
     /// `first..first + count`: `out[i·n + j] = row_i · x_j` for those `j`, where `n` is

@@ -352,17 +352,19 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                 |s0: Sub, s1: Sub, s2: Sub, s3: Sub| _mm_setr_ps(s0.min, s1.min, s2.min, s3.min)
             );
         }
-        let chains: [[S; 4]; T] = std::array::from_fn(|t| S::chains(acc[t]));
-        let min_chains: [[S; 4]; T] = std::array::from_fn(|t| S::chains(min_acc[t]));
-        std::array::from_fn(|t| {
-            let total = add_chains(chains[t]);
-            let m = add_chains(min_chains[t]);
-            S::to_f64(match mins {
+        // A loop, not `array::from_fn`: its closure would not inherit the target features,
+        // and the chains' stores would become calls.
+        let mut out = [0.0; T];
+        for t in 0..T {
+            let total = add_chains(S::chains(acc[t]));
+            let m = add_chains(S::chains(min_acc[t]));
+            out[t] = S::to_f64(match mins {
                 Mins::None => total,
                 Mins::Add => total + m,
                 Mins::Subtract => total - m,
-            })
-        })
+            });
+        }
+        out
     }
 }
 
