@@ -7,7 +7,8 @@
 //! **The arithmetic, shared by every path to the bit.** Each 32-value block `b` gives its
 //! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
 //! block's factor `d_w·d_x` (rounded once, in the sum's type [`Sum`]) and added with one
-//! fused multiply-add into chain `b mod 4`; a row's min terms (Q4_1's `m_w·(d_x·Σq_x)`,
+//! fused multiply-add into chain [`chain`]`(b)` (`b mod 4`, but for the blocks after the
+//! last whole quad); a row's min terms (Q4_1's `m_w·(d_x·Σq_x)`,
 //! Q4_K's `dmin·m` the same way) go into four chains of their own by the same rule. The
 //! chains add as `(c0 + c2) + (c1 + c3)` ([`add_chains`]), and the mins' total is added to
 //! (Q4_1) or taken from (Q4_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
@@ -322,8 +323,18 @@ impl Kernels {
     }
 }
 
-/// The total of four chains (chain `c` holding blocks `b ≡ c (mod 4)`), in the one order
-/// every path adds them.
+/// The chain that block `b` of a row of `blocks` goes into: `b mod 4` in the row's whole
+/// quads; the blocks after the last whole quad take the chains of their places among the
+/// row's last 4 blocks (block `blocks - 1` chain 3), when the row has 4 blocks or more.
+pub fn chain(b: usize, blocks: usize) -> usize {
+    if b < blocks / 4 * 4 || blocks < 4 {
+        b % 4
+    } else {
+        b + 4 - blocks
+    }
+}
+
+/// The total of four chains, in the one order every path adds them.
 pub fn add_chains<S: Sum>(c: [S; 4]) -> S {
     (c[0] + c[2]) + (c[1] + c[3])
 }
@@ -357,9 +368,10 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
         let factor = S::from_f32(dw) * S::from_f32(x.d[b]);
         // |sum| < 2^20: exact in f32.
         let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
-        chains[b % 4] = S::mul_add(factor, S::from_f32(sum as f32), chains[b % 4]);
+        let c = chain(b, x.d.len());
+        chains[c] = S::mul_add(factor, S::from_f32(sum as f32), chains[c]);
         if let Some(m) = min {
-            mins[b % 4] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[b % 4]);
+            mins[c] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[c]);
         }
     }
     let (total, mins) = (add_chains(chains), add_chains(mins));

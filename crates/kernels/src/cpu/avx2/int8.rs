@@ -153,6 +153,8 @@ trait Chains: Sum {
     fn from_ints(a: __m128i) -> Self::V;
     /// `a·b + acc`, rounded once.
     fn fma(a: Self::V, b: Self::V, acc: Self::V) -> Self::V;
+    /// `v` with its chains below `first` set to 0.
+    fn keep_from(v: Self::V, first: usize) -> Self::V;
     /// The four chains.
     fn chains(v: Self::V) -> [Self; 4];
 }
@@ -182,6 +184,15 @@ impl Chains for f32 {
     fn fma(a: __m128, b: __m128, acc: __m128) -> __m128 {
         // SAFETY: the kernels that inline this have FMA.
         unsafe { _mm_fmadd_ps(a, b, acc) }
+    }
+    #[inline(always)]
+    fn keep_from(v: __m128, first: usize) -> __m128 {
+        // SAFETY: as in `zero`.
+        unsafe {
+            let lanes = _mm_setr_epi32(0, 1, 2, 3);
+            let keep = _mm_cmpgt_epi32(lanes, _mm_set1_epi32(first as i32 - 1));
+            _mm_and_ps(v, _mm_castsi128_ps(keep))
+        }
     }
     #[inline(always)]
     fn chains(v: __m128) -> [f32; 4] {
@@ -220,6 +231,15 @@ impl Chains for f64 {
         unsafe { _mm256_fmadd_pd(a, b, acc) }
     }
     #[inline(always)]
+    fn keep_from(v: __m256d, first: usize) -> __m256d {
+        // SAFETY: as in `zero`.
+        unsafe {
+            let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
+            let keep = _mm256_cmpgt_epi64(lanes, _mm256_set1_epi64x(first as i64 - 1));
+            _mm256_and_pd(v, _mm256_castsi256_pd(keep))
+        }
+    }
+    #[inline(always)]
     fn chains(v: __m256d) -> [f64; 4] {
         let mut out = [0.0; 4];
         // SAFETY: `out` holds 4 values.
@@ -232,9 +252,10 @@ impl Chains for f64 {
 /// over the row's `blocks` 32-value sub-blocks four at a time, `sub(b)` reads each, then for
 /// each vector the four blocks' 8 lanes (through `lanes`) are reduced to each block's
 /// whole integer sum (the four sums in one register), scaled by `scale·d_x` and added into
-/// chain `b mod 4`; the min terms `min·(d_x·Σq_x)` go into four chains of their own the
-/// same way. A last partial quad goes block by block into the same chains. The result comes
-/// as f64 either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
+/// chain [`chain`](crate::cpu::int8::chain)`(b)`; the min terms `min·(d_x·Σq_x)` go into four chains of their own the
+/// same way. The blocks after the last whole quad are taken with the row's last 4 blocks,
+/// those already summed with factors of exact zeros (a row of fewer than 4 blocks: as a
+/// quad whose missing blocks are zeros). The result comes as f64 either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
 /// register each (the same values as `sub`'s, read together).
 ///
 /// # Safety
@@ -280,8 +301,8 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
         // factors; in a last partial quad, the missing blocks count as zeros (lanes, scales
         // and factors), whose fused 0·0 leaves a chain's bits as they were.
         macro_rules! quad {
-            ($b:expr, $n:expr, $scales:expr, $mins:expr) => {{
-                let (b, n) = ($b, $n);
+            ($b:expr, $n:expr, $skip:expr, $scales:expr, $mins:expr) => {{
+                let (b, n, skip) = ($b, $n, $skip);
                 let none = Sub {
                     values: _mm256_setzero_si256(),
                     signed: false,
@@ -328,10 +349,17 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                             _mm_setr_ps(at(0), at(1), at(2), at(3))
                         }
                     };
-                    let factors = S::product(scales, four(x.d));
+                    let mut factors = S::product(scales, four(x.d));
+                    if skip > 0 {
+                        factors = S::keep_from(factors, skip);
+                    }
                     acc[t] = S::fma(factors, S::from_ints(sums), acc[t]);
                     if mins != Mins::None {
-                        min_acc[t] = S::fma(block_mins, S::widen(four(x.dsum)), min_acc[t]);
+                        let (mut m, mut dsum) = (block_mins, S::widen(four(x.dsum)));
+                        if skip > 0 {
+                            (m, dsum) = (S::keep_from(m, skip), S::keep_from(dsum, skip));
+                        }
+                        min_acc[t] = S::fma(m, dsum, min_acc[t]);
                     }
                 }
             }};
@@ -339,13 +367,22 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
         let mut b = 0;
         while b + 4 <= blocks {
             let (scales, block_mins) = quad(b);
-            quad!(b, 4, |_, _, _, _| scales, |_, _, _, _| block_mins);
+            quad!(b, 4, 0, |_, _, _, _| scales, |_, _, _, _| block_mins);
             b += 4;
         }
-        if b < blocks {
+        if b < blocks && blocks >= 4 {
+            // The last 4 blocks, those already summed (the first `b - last`) with factors
+            // of exact zeros: chains `b + 4 - blocks..4` take the remaining blocks.
+            let last = blocks - 4;
+            let (scales, block_mins) = quad(last);
+            quad!(last, 4, b - last, |_, _, _, _| scales, |_, _, _, _| {
+                block_mins
+            });
+        } else if b < blocks {
             quad!(
                 b,
                 blocks - b,
+                0,
                 |s0: Sub, s1: Sub, s2: Sub, s3: Sub| _mm_setr_ps(
                     s0.scale, s1.scale, s2.scale, s3.scale
                 ),
