@@ -223,28 +223,43 @@ impl Q8Acts {
             });
         }
         let kernels = Kernels::for_type(dtype, Features::get(), S::WIDE);
+        /// Rows per kernel call (their results go through a buffer on the stack).
+        const CHUNK: usize = 32;
+        // Vectors `g..g + T` with every row, `CHUNK` rows per kernel call.
+        macro_rules! run {
+            ($g:expr, $t:expr, $kernel:ident) => {{
+                let g = $g;
+                let xs: [Q8Row<'_>; $t] = std::array::from_fn(|j| self.row(g + j));
+                let mut buf = [[0.0f64; $t]; CHUNK];
+                let chunks = rows
+                    .chunks(CHUNK * row_bytes)
+                    .zip(out.chunks_mut(CHUNK * n));
+                for (rows, out) in chunks {
+                    let buf = &mut buf[..rows.len() / row_bytes];
+                    kernels.$kernel::<S>(dtype, rows, row_bytes, xs, buf);
+                    for (ys, out) in buf.iter().zip(out.chunks_exact_mut(n)) {
+                        for (o, y) in out[g..g + $t].iter_mut().zip(ys) {
+                            *o = S::from_f64(*y);
+                        }
+                    }
+                }
+            }};
+        }
         let groups_end = first + count / Self::GROUP * Self::GROUP;
         for g in (first..groups_end).step_by(Self::GROUP) {
-            let xs: [Q8Row<'_>; Self::GROUP] = std::array::from_fn(|j| self.row(g + j));
-            for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
-                if let Some(ys) = out[g..].first_chunk_mut::<{ Self::GROUP }>() {
-                    *ys = kernels.group(dtype, row, xs);
-                }
-            }
+            run!(g, Self::GROUP, group);
         }
         for t in groups_end..first + count {
-            let x = self.row(t);
-            for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
-                out[t] = kernels.one(dtype, row, x);
-            }
+            run!(t, 1, one);
         }
         Ok(())
     }
 }
 
-/// A SIMD kernel: one row with `T` vectors (an f32 sum comes widened).
+/// A SIMD kernel: whole rows of the given length, each with `T` vectors, into one result
+/// per row (an f32 sum comes widened).
 #[cfg(target_arch = "x86_64")]
-type Kernel<const T: usize> = unsafe fn(&[u8], [Q8Row<'_>; T]) -> [f64; T];
+type Kernel<const T: usize> = unsafe fn(&[u8], usize, [Q8Row<'_>; T], &mut [[f64; T]]);
 
 /// The kernels of one weight type on this CPU, for a group of vectors and for one; the
 /// scalar reference where the CPU has neither AVX2 nor VNNI.
@@ -296,30 +311,53 @@ impl Kernels {
         }
     }
 
-    /// `row` dotted with each of `xs` (lengths checked: whole blocks of a supported type,
-    /// one per 32 values of every vector).
+    /// The rows of `rows` (`row_bytes` each) dotted with each of `xs`, one result per row
+    /// (lengths checked: whole blocks of a supported type, one per 32 values of every vector).
     fn group<S: Sum>(
         &self,
         dtype: DType,
-        row: &[u8],
+        rows: &[u8],
+        row_bytes: usize,
         xs: [Q8Row<'_>; Q8Acts::GROUP],
-    ) -> [S; Q8Acts::GROUP] {
+        out: &mut [[f64; Q8Acts::GROUP]],
+    ) {
         #[cfg(target_arch = "x86_64")]
         if let Some((group, _)) = self.simd {
             // SAFETY: `for_type` picked the kernel for this CPU's features; the caller
             // checked the lengths.
-            return unsafe { group(row, xs) }.map(S::from_f64);
+            return unsafe { group(rows, row_bytes, xs, out) };
         }
-        xs.map(|x| dot_reference_in(dtype, row, x).unwrap_or(S::from_f64(f64::NAN)))
+        reference_rows::<S, { Q8Acts::GROUP }>(dtype, rows, row_bytes, xs, out);
     }
 
-    fn one<S: Sum>(&self, dtype: DType, row: &[u8], x: Q8Row<'_>) -> S {
+    /// [`Kernels::group`] for one vector.
+    fn one<S: Sum>(
+        &self,
+        dtype: DType,
+        rows: &[u8],
+        row_bytes: usize,
+        xs: [Q8Row<'_>; 1],
+        out: &mut [[f64; 1]],
+    ) {
         #[cfg(target_arch = "x86_64")]
         if let Some((_, one)) = self.simd {
             // SAFETY: as in `group`.
-            return S::from_f64(unsafe { one(row, [x]) }[0]);
+            return unsafe { one(rows, row_bytes, xs, out) };
         }
-        dot_reference_in(dtype, row, x).unwrap_or(S::from_f64(f64::NAN))
+        reference_rows::<S, 1>(dtype, rows, row_bytes, xs, out);
+    }
+}
+
+/// [`Kernels::group`] by the scalar reference.
+fn reference_rows<S: Sum, const T: usize>(
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    xs: [Q8Row<'_>; T],
+    out: &mut [[f64; T]],
+) {
+    for (row, out) in rows.chunks_exact(row_bytes).zip(out) {
+        *out = xs.map(|x| dot_reference_in::<S>(dtype, row, x).map_or(f64::NAN, S::to_f64));
     }
 }
 

@@ -413,28 +413,34 @@ macro_rules! int8_kernel {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize, const WIDE: bool>(
-            $w: &[u8],
+            rows: &[u8],
+            row_bytes: usize,
             xs: [Q8Row<'_>; T],
-        ) -> [f64; T] {
-            macro_rules! run {
-                ($sum:ty) => {
-                    // SAFETY: the caller's features and lengths.
-                    unsafe {
-                        dot_blocks::<T, $sum>(
-                            $blocks,
-                            xs,
-                            $mins,
-                            #[inline(always)]
-                            |$b| $sub,
-                            #[inline(always)]
-                            |$q| $quad,
-                            #[inline(always)]
-                            |w, x| $lanes(w, x),
-                        )
-                    }
-                };
+            out: &mut [[f64; T]],
+        ) {
+            // Every row in this one call: the loop and the kernel compile together.
+            for ($w, out) in rows.chunks_exact(row_bytes).zip(out) {
+                // Defined here, where the row is in scope of the macro's body.
+                macro_rules! run {
+                    ($sum:ty) => {
+                        // SAFETY: the caller's features and lengths.
+                        unsafe {
+                            dot_blocks::<T, $sum>(
+                                $blocks,
+                                xs,
+                                $mins,
+                                #[inline(always)]
+                                |$b| $sub,
+                                #[inline(always)]
+                                |$q| $quad,
+                                #[inline(always)]
+                                |w, x| $lanes(w, x),
+                            )
+                        }
+                    };
+                }
+                *out = if WIDE { run!(f64) } else { run!(f32) };
             }
-            if WIDE { run!(f64) } else { run!(f32) }
         }
     };
 }

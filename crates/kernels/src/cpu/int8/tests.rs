@@ -116,7 +116,7 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
         {
             let rows = 5;
             let data = random_rows(&mut rng, dtype, rows, cols);
-            let n = 6;
+            let n = Q8Acts::GROUP + 2;
             let acts = Q8Acts::quantize(&random_acts(&mut rng, n, cols), cols).unwrap();
             let row_bytes = dtype.row_bytes(cols).unwrap();
             let reference: Vec<S> = (0..rows)
@@ -126,7 +126,7 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
                 })
                 .map(|(_, t, row)| dot_reference_in(dtype, row, acts.row(t)).unwrap())
                 .collect();
-            // The whole batch (a group of 4, then singles), and each vector alone.
+            // The whole batch (a group, then singles), and each vector alone.
             let mut all = vec![S::default(); rows * n];
             acts.dot_rows(dtype, &data, 0, n, &mut all).unwrap();
             let mut alone = vec![S::default(); rows * n];
@@ -146,12 +146,20 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
                     ..features
                 };
                 let kernels = Kernels::for_type(dtype, avx2, S::WIDE);
-                for r in 0..rows {
-                    let row = &data[r * row_bytes..][..row_bytes];
-                    for t in 0..n {
-                        let y: S = kernels.one(dtype, row, acts.row(t));
-                        let want = reference[r * n + t];
-                        assert_eq!(y.into().to_bits(), want.into().to_bits(), "avx2: {what}");
+                let want = |r: usize, t: usize| S::to_f64(reference[r * n + t]).to_bits();
+                for t in 0..n {
+                    let mut ys = vec![[0.0; 1]; rows];
+                    kernels.one::<S>(dtype, &data, row_bytes, [acts.row(t)], &mut ys);
+                    for (r, y) in ys.iter().enumerate() {
+                        assert_eq!(y[0].to_bits(), want(r, t), "avx2: {what}");
+                    }
+                }
+                let mut ys = vec![[0.0; Q8Acts::GROUP]; rows];
+                let xs = std::array::from_fn(|t| acts.row(t));
+                kernels.group::<S>(dtype, &data, row_bytes, xs, &mut ys);
+                for (r, y) in ys.iter().enumerate() {
+                    for (t, y) in y.iter().enumerate() {
+                        assert_eq!(y.to_bits(), want(r, t), "avx2 group: {what}");
                     }
                 }
             }
