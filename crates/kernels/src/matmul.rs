@@ -350,11 +350,12 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
                 for first in (0..n).step_by(group) {
                     dot(rows, first, group.min(n - first), tile)?;
                 }
-                for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
-                    for (t, y) in results.iter().enumerate() {
+                // Vector by vector, so that the writes run along `ys`.
+                for t in 0..n {
+                    for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
                         // SAFETY: t < n and r < rows index inside `ys` (n × rows values,
                         // checked by the caller), and only this task writes row r.
-                        unsafe { out.at(t * w.rows + r).write(*y) };
+                        unsafe { out.at(t * w.rows + r).write(results[t]) };
                     }
                 }
             }
