@@ -129,7 +129,7 @@ struct Head<'a> {
 
 /// [`Head`] into `out`: with AVX2 where the CPU has it (the same bits as without: the same
 /// dot kernel, the same float steps).
-fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend_head(head: &Head<'_>, scores: &mut Vec<(usize, f32)>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::Features::get().avx2 {
         // SAFETY: AVX2 and FMA are present.
@@ -144,7 +144,7 @@ fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
 /// Needs AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<(usize, f32)>, out: &mut [f32]) {
     // SAFETY: this function's features are the kernel's.
     let dot = |a: &[f32], b: &[f32]| unsafe { crate::cpu::dot_f32_avx2(a, [b])[0] };
     match head.kv.layout.head_dim {
@@ -154,13 +154,13 @@ unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f3
     }
 }
 
-/// [`attend_head`]'s steps, with `dot` for the scores. Positions are taken a block at a
-/// time (one table lookup per block, then a fixed stride). `HD`: the head dimension when it
+/// [`attend_head`]'s steps, with `dot` for the scores (`scores`: scratch for each position's
+/// K/V offset and score). `HD`: the head dimension when it
 /// is known at compile time (the weighted sum of V then stays in registers), or 0.
 #[inline(always)]
 fn attend_head_with<const HD: usize>(
     head: &Head<'_>,
-    scores: &mut Vec<f32>,
+    scores: &mut Vec<(usize, f32)>,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
@@ -175,29 +175,29 @@ fn attend_head_with<const HD: usize>(
     let layout = kv.layout;
     let (hd, bs) = (layout.head_dim, layout.block_size);
     let stride = layout.kv_heads * hd;
-    // Each block's run of `span`: the offset of its first position, and how many.
-    let runs = (span.start / bs..span.end.div_ceil(bs)).map(|bi| {
-        let (first, end) = ((bi * bs).max(span.start), ((bi + 1) * bs).min(span.end));
-        let at = ((block_table[bi] as usize * bs + first % bs) * layout.kv_heads + kv_head) * hd;
-        (at, end - first)
-    });
-    let offsets = runs.flat_map(|(at, count)| (0..count).map(move |i| at + i * stride));
+    // Each position's K/V offset with its score: block by block (one table lookup per
+    // block, then a fixed stride).
     scores.clear();
     let mut max = f32::NEG_INFINITY;
-    for at in offsets.clone() {
-        let s = params.logit(dot(q, &kv.k[at..at + hd]));
-        max = max.max(s);
-        scores.push(s);
+    let blocks = span.start / bs..span.end.div_ceil(bs);
+    for (bi, &block) in blocks.clone().zip(&block_table[blocks]) {
+        let (first, end) = ((bi * bs).max(span.start), ((bi + 1) * bs).min(span.end));
+        let base = ((block as usize * bs + first % bs) * layout.kv_heads + kv_head) * hd;
+        for at in (base..).step_by(stride).take(end - first) {
+            let s = params.logit(dot(q, &kv.k[at..at + hd]));
+            max = max.max(s);
+            scores.push((at, s));
+        }
     }
     let mut sum = 0.0;
-    for s in scores.iter_mut() {
+    for (_, s) in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
     }
     // Σ p·v in position order, each value as `o += p·v` (the same bits either way).
     if HD > 0 && hd == HD {
         let mut acc = [0.0f32; HD];
-        for (at, s) in offsets.zip(scores.iter()) {
+        for &(at, s) in scores.iter() {
             let p = s / sum;
             let v: &[f32; HD] = kv.v[at..at + HD].try_into().expect("HD values");
             for (o, v) in acc.iter_mut().zip(v) {
@@ -208,7 +208,7 @@ fn attend_head_with<const HD: usize>(
         return;
     }
     out.fill(0.0);
-    for (at, s) in offsets.zip(scores.iter()) {
+    for &(at, s) in scores.iter() {
         let p = s / sum;
         for (o, v) in out.iter_mut().zip(&kv.v[at..at + hd]) {
             *o += p * v;
