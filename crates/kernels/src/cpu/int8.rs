@@ -227,7 +227,7 @@ impl Q8Acts {
         const CHUNK: usize = 32;
         // Vectors `g..g + T` with every row, `CHUNK` rows per kernel call.
         macro_rules! run {
-            ($g:expr, $t:expr, $kernel:ident) => {{
+            ($g:expr, $t:expr, $kernel:expr) => {{
                 let g = $g;
                 let xs: [Q8Row<'_>; $t] = std::array::from_fn(|j| self.row(g + j));
                 let mut buf = [[0.0f64; $t]; CHUNK];
@@ -236,7 +236,7 @@ impl Q8Acts {
                     .zip(out.chunks_mut(CHUNK * n));
                 for (rows, out) in chunks {
                     let buf = &mut buf[..rows.len() / row_bytes];
-                    kernels.$kernel::<S>(dtype, rows, row_bytes, xs, buf);
+                    run_rows::<S, $t>($kernel, dtype, rows, row_bytes, xs, buf);
                     for (ys, out) in buf.iter().zip(out.chunks_exact_mut(n)) {
                         for (o, y) in out[g..g + $t].iter_mut().zip(ys) {
                             *o = S::from_f64(*y);
@@ -245,12 +245,13 @@ impl Q8Acts {
                 }
             }};
         }
-        let groups_end = first + count / Self::GROUP * Self::GROUP;
-        for g in (first..groups_end).step_by(Self::GROUP) {
-            run!(g, Self::GROUP, group);
+        const GROUP: usize = Q8Acts::GROUP;
+        let groups_end = first + count / GROUP * GROUP;
+        for g in (first..groups_end).step_by(GROUP) {
+            run!(g, GROUP, kernels.simd.map(|(group, _)| group));
         }
         for t in groups_end..first + count {
-            run!(t, 1, one);
+            run!(t, 1, kernels.simd.map(|(_, one)| one));
         }
         Ok(())
     }
@@ -258,14 +259,12 @@ impl Q8Acts {
 
 /// A SIMD kernel: whole rows of the given length, each with `T` vectors, into one result
 /// per row (an f32 sum comes widened).
-#[cfg(target_arch = "x86_64")]
 type Kernel<const T: usize> = unsafe fn(&[u8], usize, [Q8Row<'_>; T], &mut [[f64; T]]);
 
-/// The kernels of one weight type on this CPU, for a group of vectors and for one; the
-/// scalar reference where the CPU has neither AVX2 nor VNNI.
+/// The kernels of one weight type on this CPU, for a group of vectors and for one; none
+/// (the scalar reference) where the CPU has neither AVX2 nor VNNI.
 #[derive(Clone, Copy)]
 struct Kernels {
-    #[cfg(target_arch = "x86_64")]
     simd: Option<(Kernel<{ Q8Acts::GROUP }>, Kernel<1>)>,
 }
 
@@ -307,48 +306,32 @@ impl Kernels {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (dtype, features, wide);
-            Kernels {}
+            Kernels { simd: None }
         }
-    }
-
-    /// The rows of `rows` (`row_bytes` each) dotted with each of `xs`, one result per row
-    /// (lengths checked: whole blocks of a supported type, one per 32 values of every vector).
-    fn group<S: Sum>(
-        &self,
-        dtype: DType,
-        rows: &[u8],
-        row_bytes: usize,
-        xs: [Q8Row<'_>; Q8Acts::GROUP],
-        out: &mut [[f64; Q8Acts::GROUP]],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some((group, _)) = self.simd {
-            // SAFETY: `for_type` picked the kernel for this CPU's features; the caller
-            // checked the lengths.
-            return unsafe { group(rows, row_bytes, xs, out) };
-        }
-        reference_rows::<S, { Q8Acts::GROUP }>(dtype, rows, row_bytes, xs, out);
-    }
-
-    /// [`Kernels::group`] for one vector.
-    fn one<S: Sum>(
-        &self,
-        dtype: DType,
-        rows: &[u8],
-        row_bytes: usize,
-        xs: [Q8Row<'_>; 1],
-        out: &mut [[f64; 1]],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some((_, one)) = self.simd {
-            // SAFETY: as in `group`.
-            return unsafe { one(rows, row_bytes, xs, out) };
-        }
-        reference_rows::<S, 1>(dtype, rows, row_bytes, xs, out);
     }
 }
 
-/// [`Kernels::group`] by the scalar reference.
+/// The rows of `rows` (`row_bytes` each) dotted with each of `xs`, one result per row,
+/// through `kernel` (one of [`Kernels::for_type`]'s), or the scalar reference without one.
+/// Lengths checked by the caller: whole blocks of a supported type, one per 32 values of
+/// every vector.
+fn run_rows<S: Sum, const T: usize>(
+    kernel: Option<Kernel<T>>,
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    xs: [Q8Row<'_>; T],
+    out: &mut [[f64; T]],
+) {
+    if let Some(kernel) = kernel {
+        // SAFETY: `for_type` picked the kernel for this CPU's features; the caller checked
+        // the lengths.
+        return unsafe { kernel(rows, row_bytes, xs, out) };
+    }
+    reference_rows::<S, T>(dtype, rows, row_bytes, xs, out);
+}
+
+/// [`run_rows`] by the scalar reference.
 fn reference_rows<S: Sum, const T: usize>(
     dtype: DType,
     rows: &[u8],

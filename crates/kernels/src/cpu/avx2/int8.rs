@@ -3,8 +3,8 @@
 //! `vpmaddwd`, or AVX-512 VNNI `vpdpbusd` on 256-bit registers where the CPU has it. Both
 //! give each block's 8 exact `i32` lanes; everything after is the same float operations.
 //!
-//! Each kernel dots one weight row with `T` quantized vectors, unpacking each weight block
-//! once for all of them.
+//! Each kernel dots whole weight rows, one after another, with `T` quantized vectors,
+//! unpacking each weight block once for all of them.
 
 use std::arch::x86_64::*;
 
@@ -405,8 +405,9 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
     }
 }
 
-/// One kernel: `$name`, compiled for `$features`, its lanes through `$lanes`, reading the
-/// row `$w` with `$blocks` sub-blocks through `|$b| $sub`.
+/// One kernel: `$name`, compiled for `$features`, its lanes through `$lanes`, reading each
+/// row `$w` with `$blocks` sub-blocks through `|$b| $sub` (and four at a time through
+/// `|$q| $quad`).
 macro_rules! int8_kernel {
     ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident, $mins:expr,
      |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr) => {

@@ -149,14 +149,16 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
                 let want = |r: usize, t: usize| S::to_f64(reference[r * n + t]).to_bits();
                 for t in 0..n {
                     let mut ys = vec![[0.0; 1]; rows];
-                    kernels.one::<S>(dtype, &data, row_bytes, [acts.row(t)], &mut ys);
+                    let one = kernels.simd.map(|(_, one)| one);
+                    run_rows::<S, 1>(one, dtype, &data, row_bytes, [acts.row(t)], &mut ys);
                     for (r, y) in ys.iter().enumerate() {
                         assert_eq!(y[0].to_bits(), want(r, t), "avx2: {what}");
                     }
                 }
                 let mut ys = vec![[0.0; Q8Acts::GROUP]; rows];
                 let xs = std::array::from_fn(|t| acts.row(t));
-                kernels.group::<S>(dtype, &data, row_bytes, xs, &mut ys);
+                let group = kernels.simd.map(|(group, _)| group);
+                run_rows::<S, { Q8Acts::GROUP }>(group, dtype, &data, row_bytes, xs, &mut ys);
                 for (r, y) in ys.iter().enumerate() {
                     for (t, y) in y.iter().enumerate() {
                         assert_eq!(y.to_bits(), want(r, t), "avx2 group: {what}");
