@@ -155,8 +155,8 @@ unsafe fn attend_head_avx2(head: &Head<'_>, scores: &mut Vec<(usize, f32)>, out:
 }
 
 /// [`attend_head`]'s steps, with `dot` for the scores (`scores`: scratch for each position's
-/// K/V offset and score). `HD`: the head dimension when it
-/// is known at compile time (the weighted sum of V then stays in registers), or 0.
+/// K/V offset and score). `HD`: the head dimension when it is known at compile time (the
+/// weighted sum of V then stays in registers), or 0.
 #[inline(always)]
 fn attend_head_with<const HD: usize>(
     head: &Head<'_>,
@@ -194,25 +194,24 @@ fn attend_head_with<const HD: usize>(
         *s = (*s - max).exp();
         sum += *s;
     }
-    // Σ p·v in position order, each value as `o += p·v` (the same bits either way).
-    if HD > 0 && hd == HD {
-        let mut acc = [0.0f32; HD];
+    // Σ p·v in position order, each value as `o += p·v`: into a local array when the head
+    // dimension is known at compile time (it then stays in registers), else into `out`.
+    let weigh = |acc: &mut [f32]| {
+        let len = acc.len();
         for &(at, s) in scores.iter() {
             let p = s / sum;
-            let v: &[f32; HD] = kv.v[at..at + HD].try_into().expect("HD values");
-            for (o, v) in acc.iter_mut().zip(v) {
+            for (o, v) in acc.iter_mut().zip(&kv.v[at..at + len]) {
                 *o += p * v;
             }
         }
+    };
+    if HD > 0 && hd == HD {
+        let mut acc = [0.0f32; HD];
+        weigh(&mut acc);
         out.copy_from_slice(&acc);
-        return;
-    }
-    out.fill(0.0);
-    for &(at, s) in scores.iter() {
-        let p = s / sum;
-        for (o, v) in out.iter_mut().zip(&kv.v[at..at + hd]) {
-            *o += p * v;
-        }
+    } else {
+        out.fill(0.0);
+        weigh(out);
     }
 }
 
