@@ -336,6 +336,8 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
     }
     // Each task fills a tile (row r's n results at r·n) and writes it into `ys` at
     // `t·rows + r`: its own rows of every vector, so no two tasks write the same value.
+    // The one check the raw writes rely on:
+    assert_eq!(ys.len(), n * w.rows, "matmul output");
     let out = Scatter(ys.as_mut_ptr());
     let tasks = w.rows.div_ceil(per_task);
     (0..tasks)
@@ -354,7 +356,7 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
                 for t in 0..n {
                     for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
                         // SAFETY: t < n and r < rows index inside `ys` (n × rows values,
-                        // checked by the caller), and only this task writes row r.
+                        // asserted above), and only this task writes row r.
                         unsafe { out.at(t * w.rows + r).write(results[t]) };
                     }
                 }
