@@ -105,6 +105,9 @@ const MIN_ROWS_PER_TASK: usize = 16;
 /// enough that the tile stays in L1/L2 while every group of the batch passes over it.
 const TILE_BYTES: usize = 16 << 10;
 
+/// Tasks per pool thread for a batched matmul: enough that the last ones to finish are short.
+const TASKS_PER_THREAD: usize = 8;
+
 /// `ys[t] = W · xs[t]` for `n = xs.len() / cols` vectors laid out one after another;
 /// `ys` holds `n × rows` values.
 ///
@@ -304,28 +307,18 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
     dot: impl Fn(&[u8], usize, usize, &mut [Y]) -> Result<(), KernelError> + Sync,
 ) -> Result<(), KernelError> {
     let threads = rayon::current_num_threads();
+    let row_bytes = w.dtype.row_bytes(w.cols)?;
     // One group (decode): a task per thread, since each task costs a few µs of the pool's
     // time and a decode step runs hundreds of small matmuls (seen on SmolLM2 at 2 threads:
-    // 10% more tokens/s than four tasks per thread); larger batches balance finer.
-    let per_task = if n <= group {
-        w.rows.div_ceil(threads)
-    } else {
-        w.rows / (threads * 4)
-    }
-    .max(MIN_ROWS_PER_TASK);
-    // One group (decode): nothing to reuse the tile for, so a task's rows are one call.
-    let tile_rows = if n <= group {
-        per_task
-    } else {
-        (TILE_BYTES / w.dtype.row_bytes(w.cols)?.max(1)).max(1)
-    };
-    let row_bytes = w.dtype.row_bytes(w.cols)?;
+    // 10% more tokens/s than four tasks per thread). Nothing to reuse a tile for, so a
+    // task's rows are one call.
+    let per_thread = w.rows.div_ceil(threads).max(MIN_ROWS_PER_TASK);
     if n == 1 {
         return ys
-            .par_chunks_mut(per_task)
+            .par_chunks_mut(per_thread)
             .enumerate()
             .try_for_each(|(task, out)| {
-                let r = task * per_task;
+                let r = task * per_thread;
                 dot(
                     &w.data[r * row_bytes..(r + out.len()) * row_bytes],
                     0,
@@ -334,31 +327,51 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
                 )
             });
     }
-    // Each task fills a tile (row r's n results at r·n) and writes it into `ys` at
-    // `t·rows + r`: its own rows of every vector, so no two tasks write the same value.
+    // Larger batches: each task runs a span of the vectors (whole groups) through a tile
+    // of rows, which stays in cache for every group of the span. Spans split the vectors
+    // only as far as the pool needs tasks to balance: a long prefill would otherwise end
+    // each matmul with one thread running a last tile through the whole batch.
+    let groups = n.div_ceil(group);
+    let (tile_rows, spans) = if groups == 1 {
+        (per_thread, 1)
+    } else {
+        let tile_rows = (TILE_BYTES / row_bytes.max(1)).clamp(1, w.rows);
+        let tasks = if threads > 1 {
+            threads * TASKS_PER_THREAD
+        } else {
+            1
+        };
+        (
+            tile_rows,
+            tasks.div_ceil(w.rows.div_ceil(tile_rows)).min(groups),
+        )
+    };
+    let span = groups.div_ceil(spans) * group;
+    let (tiles, spans) = (w.rows.div_ceil(tile_rows), n.div_ceil(span));
     // The one check the raw writes rely on:
     assert_eq!(ys.len(), n * w.rows, "matmul output");
     let out = Scatter(ys.as_mut_ptr());
-    let tasks = w.rows.div_ceil(per_task);
-    (0..tasks)
+    (0..tiles * spans)
         .into_par_iter()
         .try_for_each_init(Vec::new, |tile, task| {
-            let end = ((task + 1) * per_task).min(w.rows);
-            for r0 in (task * per_task..end).step_by(tile_rows) {
-                let r1 = (r0 + tile_rows).min(end);
-                tile.clear();
-                tile.resize((r1 - r0) * n, Y::default());
-                let rows = &w.data[r0 * row_bytes..r1 * row_bytes];
-                for first in (0..n).step_by(group) {
-                    dot(rows, first, group.min(n - first), tile)?;
-                }
-                // Vector by vector, so that the writes run along `ys`.
-                for t in 0..n {
-                    for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
-                        // SAFETY: t < n and r < rows index inside `ys` (n × rows values,
-                        // asserted above), and only this task writes row r.
-                        unsafe { out.at(t * w.rows + r).write(results[t]) };
-                    }
+            let (r0, v0) = (task / spans * tile_rows, task % spans * span);
+            let (r1, v1) = ((r0 + tile_rows).min(w.rows), (v0 + span).min(n));
+            // Only this span's values are written and read: no need to clear the rest.
+            let len = (r1 - r0) * n;
+            if tile.len() < len {
+                tile.resize(len, Y::default());
+            }
+            let tile = &mut tile[..len];
+            let rows = &w.data[r0 * row_bytes..r1 * row_bytes];
+            for first in (v0..v1).step_by(group) {
+                dot(rows, first, group.min(v1 - first), tile)?;
+            }
+            // Vector by vector, so that the writes run along `ys`.
+            for t in v0..v1 {
+                for (r, results) in (r0..r1).zip(tile.chunks_exact(n)) {
+                    // SAFETY: t < n and r < rows index inside `ys` (n × rows values,
+                    // asserted above), and only this task writes (t, r).
+                    unsafe { out.at(t * w.rows + r).write(results[t]) };
                 }
             }
             Ok::<(), KernelError>(())

@@ -54,6 +54,22 @@ fn quantize_blocks(xs: &[f32], qs: &mut [i8], d: &mut [f32], dsum: &mut [f32]) {
     }
 }
 
+/// Values per octet: 8 activation blocks read together ([`Q8Row::octets`]).
+pub const OCTET: usize = 8 * BLOCK;
+
+/// One vector's whole octets of blocks (`qs`) interleaved into `octets`: in octet `o`, the
+/// 32 bytes `s` hold the 4 values `4s..4s + 4` of each of blocks `8o..8o + 8` in turn. One
+/// `vpdpbusd` of such 32 bytes with weights laid out alike adds to 8 blocks' sums at once.
+fn interleave_octets(qs: &[i8], octets: &mut [i8]) {
+    for (octet, qs) in octets.chunks_exact_mut(OCTET).zip(qs.chunks_exact(OCTET)) {
+        for (s, quads) in octet.chunks_exact_mut(32).enumerate() {
+            for (k, quad) in quads.chunks_exact_mut(4).enumerate() {
+                quad.copy_from_slice(&qs[k * BLOCK + 4 * s..][..4]);
+            }
+        }
+    }
+}
+
 /// The float type a row's block products are summed in ([`Q8Acts::dot_rows`]): `f32` for
 /// a matmul whose output is final; `f64` ("wide") for the partial sums of a row-parallel
 /// projection, which are added across the ranks before they are rounded to f32, so that the
@@ -121,6 +137,8 @@ pub fn supports(dtype: DType) -> bool {
 pub struct Q8Acts {
     cols: usize,
     qs: Vec<i8>,
+    /// Each vector's whole octets of blocks, interleaved ([`Q8Row::octets`]).
+    octets: Vec<i8>,
     /// Per block: `d`.
     d: Vec<f32>,
     /// Per block: `d·Σq` (the Q4_1 min terms' factor).
@@ -131,6 +149,9 @@ pub struct Q8Acts {
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Row<'a> {
     pub qs: &'a [i8],
+    /// The vector's whole octets (blocks `8o..8o + 8`), 256 bytes each: bytes
+    /// `32s..32s + 32` of octet `o` hold values `4s..4s + 4` of each of its 8 blocks in turn.
+    pub octets: &'a [i8],
     pub d: &'a [f32],
     pub dsum: &'a [f32],
 }
@@ -164,6 +185,18 @@ impl Q8Acts {
             .zip(self.d.par_chunks_mut(PARALLEL_VALUES / BLOCK))
             .zip(self.dsum.par_chunks_mut(PARALLEL_VALUES / BLOCK))
             .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
+        let per_vector = cols / OCTET * OCTET;
+        self.octets.resize(xs.len() / cols * per_vector, 0);
+        if per_vector > 0 {
+            let vectors = self.octets.chunks_mut(per_vector).zip(self.qs.chunks(cols));
+            if xs.len() < PARALLEL_VALUES {
+                vectors.for_each(|(octets, qs)| interleave_octets(qs, octets));
+            } else {
+                (self.octets.par_chunks_mut(per_vector))
+                    .zip(self.qs.par_chunks(cols))
+                    .for_each(|(octets, qs)| interleave_octets(qs, octets));
+            }
+        }
         Ok(())
     }
 
@@ -183,8 +216,10 @@ impl Q8Acts {
     /// Vector `t`.
     pub fn row(&self, t: usize) -> Q8Row<'_> {
         let blocks = self.cols / BLOCK;
+        let octets = self.cols / OCTET * OCTET;
         Q8Row {
             qs: &self.qs[t * self.cols..][..self.cols],
+            octets: &self.octets[t * octets..][..octets],
             d: &self.d[t * blocks..][..blocks],
             dsum: &self.dsum[t * blocks..][..blocks],
         }

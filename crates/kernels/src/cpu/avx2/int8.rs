@@ -4,108 +4,18 @@
 //! give each block's 8 exact `i32` lanes; everything after is the same float operations.
 //!
 //! Each kernel dots whole weight rows, one after another, with `T` quantized vectors,
-//! unpacking each weight block once for all of them.
+//! unpacking each weight block once for all of them. Where a type has an octet reader (Q4_1),
+//! a row's whole octets of 8 blocks are read interleaved, like the vector's
+//! ([`Q8Row::octets`]): one register then collects the 8 blocks' sums, with no horizontal
+//! adds, and its halves go into the chains exactly as two quads' sums would.
 
 use std::arch::x86_64::*;
 
-use crate::cpu::int8::{BLOCK, Q8Row, Sum, add_chains};
+use crate::cpu::int8::{BLOCK, OCTET, Q8Row, Sum, add_chains};
 use crate::quant::k_quants::q4_k_scale_min;
 
-/// Loads 32 bytes from `p`.
-///
-/// # Safety
-/// `p..p + 32` must be readable.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn load32(p: *const u8) -> __m256i {
-    // SAFETY: the caller's range.
-    unsafe { _mm256_loadu_si256(p.cast()) }
-}
-
-/// 16 bytes of nibbles at `p` as 32 bytes: values 0..16 from the low nibbles, 16..32
-/// from the high.
-///
-/// # Safety
-/// `p..p + 16` must be readable.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    // SAFETY: the caller's range.
-    let qs = unsafe { _mm_loadu_si128(p.cast()) };
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(qs, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
-    _mm256_set_m128i(hi, lo)
-}
-
-/// The little-endian f16 at `p`, converted with F16C.
-///
-/// # Safety
-/// `p..p + 2` must be readable.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller's range.
-    let bits = unsafe { p.cast::<u16>().read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le(
-        bits,
-    )))))
-}
-
-/// The little-endian f16s at `p`, `p + stride`, `p + 2·stride` and `p + 3·stride`.
-///
-/// # Safety
-/// The four 2-byte ranges must be readable.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
-    // SAFETY: the caller's ranges.
-    let half = |k: usize| unsafe { p.add(k * stride).cast::<i16>().read_unaligned() };
-    _mm_cvtph_ps(_mm_setr_epi16(
-        half(0),
-        half(1),
-        half(2),
-        half(3),
-        0,
-        0,
-        0,
-        0,
-    ))
-}
-
-/// The pairs of little-endian f16s at `p + k·stride` (k in 0..4), as two vectors: the
-/// pairs' first values and their second ones.
-///
-/// # Safety
-/// The four 4-byte ranges must be readable.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_pairs_x4(p: *const u8, stride: usize) -> (__m128, __m128) {
-    // SAFETY: the caller's ranges.
-    let pair = |k: usize| unsafe { p.add(k * stride).cast::<i32>().read_unaligned() };
-    let halves = _mm256_cvtph_ps(_mm_setr_epi32(pair(0), pair(1), pair(2), pair(3)));
-    // [a0 b0 a1 b1 a2 b2 a3 b3] → [a0 a1 a2 a3 | b0 b1 b2 b3].
-    let split = _mm256_permutevar8x32_ps(halves, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    (
-        _mm256_castps256_ps128(split),
-        _mm256_extractf128_ps::<1>(split),
-    )
-}
-
-/// The 8 lanes of `Σ w·x` (lane k: values 4k..4k + 4) for unsigned `w`, signed `x`: AVX2.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn lanes_avx2(w: __m256i, x: __m256i) -> __m256i {
-    // |w| ≤ 128 and |x| ≤ 127: a pair's sum stays within i16.
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
-}
-
-/// [`lanes_avx2`] with AVX-512 VNNI: the same exact sums in one instruction.
-#[inline]
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-fn lanes_vnni(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
-}
+mod reads;
+use reads::*;
 
 /// One 32-value sub-block of a weight row, as the loop reads it: its values in one
 /// register (signed or not), its scale, and the factor of its min term (Q4_1's `m`, Q4_K's
@@ -128,12 +38,15 @@ enum Mins {
     Subtract,
 }
 
-/// Panics unless every vector holds `blocks` scales and `32 · blocks` values: the one
-/// check the block loops' raw reads rely on.
+/// Panics unless every vector holds `blocks` scales, `32 · blocks` values and their whole
+/// octets: the one check the block loops' raw reads rely on.
 fn assert_covers(xs: &[Q8Row<'_>], blocks: usize) {
     assert!(
         (xs.iter()).all(|x| {
-            x.d.len() >= blocks && x.dsum.len() >= blocks && x.qs.len() >= blocks * BLOCK
+            x.d.len() >= blocks
+                && x.dsum.len() >= blocks
+                && x.qs.len() >= blocks * BLOCK
+                && x.octets.len() >= blocks / 8 * OCTET
         }),
         "quantized activations shorter than the weight row"
     );
@@ -258,9 +171,15 @@ impl Chains for f64 {
 /// quad whose missing blocks are zeros). The result comes as f64 either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
 /// register each (the same values as `sub`'s, read together).
 ///
+/// Where `octet` is given, the row's whole octets go first, eight blocks at a time: the
+/// vector's interleaved octet ([`Q8Row::octets`]) against `octet(b)`'s weights of blocks
+/// `b..b + 8` laid out alike (unsigned), through `add_lanes`, gives the 8 blocks' sums in one
+/// register without a horizontal sum; each half then goes into the chains as a quad's sums.
+///
 /// # Safety
-/// Needs AVX2, FMA, F16C and whatever `lanes`, `sub` and `quad` need; `sub(b)` reads inside
-/// the row for every `b < blocks`, `quad(b)` for every `b + 4 <= blocks`.
+/// Needs AVX2, FMA, F16C and whatever `lanes`, `sub`, `quad`, `octet` and `add_lanes` need;
+/// `sub(b)` reads inside the row for every `b < blocks`, `quad(b)` for every
+/// `b + 4 <= blocks`, `octet(b)` for every `b + 8 <= blocks`.
 #[inline(always)]
 unsafe fn dot_blocks<const T: usize, S: Chains>(
     blocks: usize,
@@ -268,7 +187,8 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
     mins: Mins,
     sub: impl Fn(usize) -> Sub,
     quad: impl Fn(usize) -> (__m128, __m128),
-    lanes: impl Fn(__m256i, __m256i) -> __m256i,
+    octet: Option<impl Fn(usize) -> [__m256i; 8]>,
+    add_lanes: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
 ) -> [f64; T] {
     // The one check the raw reads below rely on.
     assert_covers(&xs, blocks);
@@ -283,7 +203,7 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                 if $sub.signed {
                     xq = _mm256_sign_epi8(xq, $sub.values);
                 }
-                lanes($unsigned, xq)
+                add_lanes(_mm256_setzero_si256(), $unsigned, xq)
             }};
         }
         macro_rules! unsigned {
@@ -365,6 +285,38 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
             }};
         }
         let mut b = 0;
+        if let Some(octet) = octet {
+            while b + 8 <= blocks {
+                let w = octet(b);
+                let (low, high) = (quad(b), quad(b + 4));
+                let scales = (low.0, high.0);
+                let block_mins = (S::widen(low.1), S::widen(high.1));
+                for t in 0..T {
+                    let x = &xs[t];
+                    let xq = x.octets.as_ptr().add(b * BLOCK).cast::<u8>();
+                    let mut sums = _mm256_setzero_si256();
+                    for (s, w) in w.iter().enumerate() {
+                        sums = add_lanes(sums, *w, load32(xq.add(32 * s)));
+                    }
+                    let halves = [
+                        _mm256_castsi256_si128(sums),
+                        _mm256_extracti128_si256::<1>(sums),
+                    ];
+                    for (h, sums) in halves.into_iter().enumerate() {
+                        let first = b + 4 * h;
+                        let d = _mm_loadu_ps(x.d.as_ptr().add(first));
+                        let factors = S::product(if h == 0 { scales.0 } else { scales.1 }, d);
+                        acc[t] = S::fma(factors, S::from_ints(sums), acc[t]);
+                        if mins != Mins::None {
+                            let dsum = S::widen(_mm_loadu_ps(x.dsum.as_ptr().add(first)));
+                            let m = if h == 0 { block_mins.0 } else { block_mins.1 };
+                            min_acc[t] = S::fma(m, dsum, min_acc[t]);
+                        }
+                    }
+                }
+                b += 8;
+            }
+        }
         while b + 4 <= blocks {
             let (scales, block_mins) = quad(b);
             quad!(b, 4, 0, |_, _, _, _| scales, |_, _, _, _| block_mins);
@@ -405,12 +357,12 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
     }
 }
 
-/// One kernel: `$name`, compiled for `$features`, its lanes through `$lanes`, reading each
-/// row `$w` with `$blocks` sub-blocks through `|$b| $sub` (and four at a time through
-/// `|$q| $quad`).
+/// One kernel: `$name`, compiled for `$features`, its lanes added through `$add_lanes`,
+/// reading each row `$w` with `$blocks` sub-blocks through `|$b| $sub` (four at a time
+/// through `|$q| $quad`, eight interleaved through `$octet`, where it is `Some`).
 macro_rules! int8_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $lanes:ident, $mins:expr,
-     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr) => {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $add_lanes:ident, $mins:expr, |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr,
+     $octet:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize, const WIDE: bool>(
@@ -434,8 +386,9 @@ macro_rules! int8_kernel {
                                 |$b| $sub,
                                 #[inline(always)]
                                 |$q| $quad,
+                                $octet,
                                 #[inline(always)]
-                                |w, x| $lanes(w, x),
+                                |acc, w, x| $add_lanes(acc, w, x),
                             )
                         }
                     };
@@ -446,26 +399,37 @@ macro_rules! int8_kernel {
     };
 }
 
-/// A kernel and its VNNI twin from one block loop: `$avx2` through [`lanes_avx2`],
-/// `$vnni` through [`lanes_vnni`] (the same bits).
+/// The octet reader given, or none.
+macro_rules! no_octets {
+    () => {
+        None::<fn(usize) -> [__m256i; 8]>
+    };
+    ($octet:expr) => {
+        $octet
+    };
+}
+
+/// A kernel and its VNNI twin from one block loop: `$avx2` through [`add_lanes_avx2`],
+/// `$vnni` through [`add_lanes_vnni`] (the same bits).
 macro_rules! int8_kernels {
     ($(#[$doc:meta])* $avx2:ident, $vnni:ident, $mins:expr,
-     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr) => {
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr $(, $octet:expr)?) => {
         int8_kernel!(
             $(#[$doc])*
             ///
             /// # Safety
             /// Needs AVX2, FMA and F16C; `w` holds whole blocks, one 32-value sub-block per
             /// scale of every vector.
-            $avx2, "avx2,fma,f16c", lanes_avx2, $mins, |$w| $blocks, |$b| $sub, |$q| $quad
+            $avx2, "avx2,fma,f16c", add_lanes_avx2, $mins, |$w| $blocks,
+            |$b| $sub, |$q| $quad, no_octets!($($octet)?)
         );
         int8_kernel!(
             $(#[$doc])*
             ///
             /// # Safety
             /// Needs AVX2, FMA, F16C, AVX-512 VNNI and VL; lengths as the AVX2 kernel.
-            $vnni, "avx2,fma,f16c,avx512vnni,avx512vl", lanes_vnni, $mins, |$w| $blocks,
-            |$b| $sub, |$q| $quad
+            $vnni, "avx2,fma,f16c,avx512vnni,avx512vl", add_lanes_vnni, $mins,
+            |$w| $blocks, |$b| $sub, |$q| $quad, no_octets!($($octet)?)
         );
     };
 }
@@ -495,7 +459,11 @@ int8_kernels!(
         let block = w.as_ptr().add(b * 20);
         Sub { values: nibbles(block.add(4)), signed: false, scale: f16_at(block), min: f16_at(block.add(2)) }
     },
-    |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20)
+    |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20),
+    Some(
+        #[inline(always)]
+        |o: usize| nibble_octet(w.as_ptr().add(o * 20 + 4), 20)
+    )
 );
 
 int8_kernels!(

@@ -108,8 +108,9 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
     let features = Features::get();
     for dtype in TYPES {
         let sizes = [256, 768, 1536].map(|c| if dtype == DType::Q4K { c } else { c * 3 / 4 });
-        // 1 to 3 blocks past the last whole quad (32, 96 and 224 values; 576), and none.
-        for cols in [32, 96, 224]
+        // 1 to 3 blocks past the last whole quad (32, 96 and 224 values; 576), and none;
+        // whole octets alone (256), and followed by 5 and 7 blocks (416, 480).
+        for cols in [32, 96, 224, 256, 416, 480]
             .into_iter()
             .filter(|_| dtype != DType::Q4K)
             .chain(sizes)
