@@ -4,8 +4,8 @@
 //! give each block's 8 exact `i32` lanes; everything after is the same float operations.
 //!
 //! Each kernel dots whole weight rows, one after another, with `T` quantized vectors,
-//! unpacking each weight block once for all of them. Where a type has an octet reader (Q4_1),
-//! a row's whole octets of 8 blocks are read interleaved, like the vector's
+//! unpacking each weight block once for all of them. Where a type has an octet reader (all
+//! but Q4_K), a row's whole octets of 8 blocks are read interleaved, like the vector's
 //! ([`Q8Row::octets`]): one register then collects the 8 blocks' sums, with no horizontal
 //! adds, and its halves go into the chains exactly as two quads' sums would.
 
@@ -26,6 +26,14 @@ struct Sub {
     signed: bool,
     scale: f32,
     min: f32,
+}
+
+/// Eight 32-value sub-blocks of a weight row, interleaved as the vectors' octets are
+/// ([`Q8Row::octets`]), signed or not.
+#[derive(Clone, Copy)]
+struct Octet {
+    values: [__m256i; 8],
+    signed: bool,
 }
 
 /// What a row's min terms do to its total.
@@ -163,21 +171,23 @@ impl Chains for f64 {
 
 /// The loop every kernel shares, in the arithmetic of [`crate::cpu::int8`], summing in `S`:
 /// over the row's `blocks` 32-value sub-blocks four at a time, `sub(b)` reads each, then for
-/// each vector the four blocks' 8 lanes (through `lanes`) are reduced to each block's
+/// each vector the four blocks' 8 lanes (through `add_lanes`) are reduced to each block's
 /// whole integer sum (the four sums in one register), scaled by `scale·d_x` and added into
-/// chain [`chain`](crate::cpu::int8::chain)`(b)`; the min terms `min·(d_x·Σq_x)` go into four chains of their own the
-/// same way. The blocks after the last whole quad are taken with the row's last 4 blocks,
-/// those already summed with factors of exact zeros (a row of fewer than 4 blocks: as a
-/// quad whose missing blocks are zeros). The result comes as f64 either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
+/// chain [`chain`](crate::cpu::int8::chain)`(b)`; the min terms `min·(d_x·Σq_x)` go into
+/// four chains of their own the same way. The blocks after the last whole quad are taken
+/// with the row's last 4 blocks, those already summed with factors of exact zeros (a row of
+/// fewer than 4 blocks: as a quad whose missing blocks are zeros). The result comes as f64
+/// either way. `quad(b)` gives blocks `b..b + 4`'s scales and min factors in one
 /// register each (the same values as `sub`'s, read together).
 ///
 /// Where `octet` is given, the row's whole octets go first, eight blocks at a time: the
 /// vector's interleaved octet ([`Q8Row::octets`]) against `octet(b)`'s weights of blocks
-/// `b..b + 8` laid out alike (unsigned), through `add_lanes`, gives the 8 blocks' sums in one
-/// register without a horizontal sum; each half then goes into the chains as a quad's sums.
+/// `b..b + 8` laid out alike (signed ones through their signs, as for quads), through
+/// `add_lanes`, gives the 8 blocks' sums in one register without a horizontal sum; each
+/// half then goes into the chains as a quad's sums.
 ///
 /// # Safety
-/// Needs AVX2, FMA, F16C and whatever `lanes`, `sub`, `quad`, `octet` and `add_lanes` need;
+/// Needs AVX2, FMA, F16C and whatever `sub`, `quad`, `octet` and `add_lanes` need;
 /// `sub(b)` reads inside the row for every `b < blocks`, `quad(b)` for every
 /// `b + 4 <= blocks`, `octet(b)` for every `b + 8 <= blocks`.
 #[inline(always)]
@@ -187,7 +197,7 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
     mins: Mins,
     sub: impl Fn(usize) -> Sub,
     quad: impl Fn(usize) -> (__m128, __m128),
-    octet: Option<impl Fn(usize) -> [__m256i; 8]>,
+    octet: Option<impl Fn(usize) -> Octet>,
     add_lanes: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
 ) -> [f64; T] {
     // The one check the raw reads below rely on.
@@ -287,7 +297,13 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
         let mut b = 0;
         if let Some(octet) = octet {
             while b + 8 <= blocks {
-                let w = octet(b);
+                let Octet { values, signed } = octet(b);
+                let mut unsigned = values;
+                if signed {
+                    for u in &mut unsigned {
+                        *u = _mm256_sign_epi8(*u, *u);
+                    }
+                }
                 let (low, high) = (quad(b), quad(b + 4));
                 let scales = (low.0, high.0);
                 let block_mins = (S::widen(low.1), S::widen(high.1));
@@ -295,8 +311,12 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                     let x = &xs[t];
                     let xq = x.octets.as_ptr().add(b * BLOCK).cast::<u8>();
                     let mut sums = _mm256_setzero_si256();
-                    for (s, w) in w.iter().enumerate() {
-                        sums = add_lanes(sums, *w, load32(xq.add(32 * s)));
+                    for s in 0..8 {
+                        let mut x = load32(xq.add(32 * s));
+                        if signed {
+                            x = _mm256_sign_epi8(x, values[s]);
+                        }
+                        sums = add_lanes(sums, unsigned[s], x);
                     }
                     let halves = [
                         _mm256_castsi256_si128(sums),
@@ -361,7 +381,8 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
 /// reading each row `$w` with `$blocks` sub-blocks through `|$b| $sub` (four at a time
 /// through `|$q| $quad`, eight interleaved through `$octet`, where it is `Some`).
 macro_rules! int8_kernel {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $add_lanes:ident, $mins:expr, |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr,
+    ($(#[$doc:meta])* $name:ident, $features:literal, $add_lanes:ident, $mins:expr,
+     |$w:ident| $blocks:expr, |$b:ident| $sub:expr, |$q:ident| $quad:expr,
      $octet:expr) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
@@ -402,7 +423,7 @@ macro_rules! int8_kernel {
 /// The octet reader given, or none.
 macro_rules! no_octets {
     () => {
-        None::<fn(usize) -> [__m256i; 8]>
+        None::<fn(usize) -> Octet>
     };
     ($octet:expr) => {
         $octet
@@ -440,7 +461,11 @@ int8_kernels!(
         let block = w.as_ptr().add(b * 34);
         Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0 }
     },
-    |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps())
+    |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps()),
+    Some(
+        #[inline(always)]
+        |o: usize| Octet { values: byte_octet(w.as_ptr().add(o * 34 + 2), 34), signed: true }
+    )
 );
 
 int8_kernels!(
@@ -450,19 +475,30 @@ int8_kernels!(
         let values = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
         Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
     },
-    |q| (f16x4(w.as_ptr().add(q * 18), 18), _mm_setzero_ps())
+    |q| (f16x4(w.as_ptr().add(q * 18), 18), _mm_setzero_ps()),
+    Some(
+        #[inline(always)]
+        |o: usize| {
+            let mut values = nibble_octet(w.as_ptr().add(o * 18 + 2), 18);
+            for v in &mut values {
+                *v = _mm256_sub_epi8(*v, _mm256_set1_epi8(8));
+            }
+            Octet { values, signed: true }
+        }
+    )
 );
 
 int8_kernels!(
     /// Q4_1 row (f16 d, f16 m, 16 bytes of nibbles; value d·q + m) with 8-bit activations.
     dot_q4_1, dot_q4_1_vnni, Mins::Add, |w| w.len() / 20, |b| {
         let block = w.as_ptr().add(b * 20);
-        Sub { values: nibbles(block.add(4)), signed: false, scale: f16_at(block), min: f16_at(block.add(2)) }
+        let (scale, min) = (f16_at(block), f16_at(block.add(2)));
+        Sub { values: nibbles(block.add(4)), signed: false, scale, min }
     },
     |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20),
     Some(
         #[inline(always)]
-        |o: usize| nibble_octet(w.as_ptr().add(o * 20 + 4), 20)
+        |o: usize| Octet { values: nibble_octet(w.as_ptr().add(o * 20 + 4), 20), signed: false }
     )
 );
 

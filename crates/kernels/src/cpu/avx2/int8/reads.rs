@@ -107,17 +107,16 @@ pub(super) fn add_lanes_vnni(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, w, x)
 }
 
-/// Eight 16-byte runs of nibbles, at `p + k·stride` (k in 0..8), as the 8 registers of an
-/// octet ([`crate::cpu::int8::OCTET`]): register `s` holds values `4s..4s + 4` of each run
-/// in turn (values 0..16 from the low nibbles, 16..32 from the high).
+/// The 32-bit words `4s..4s + 4` of 16-byte runs `p + k·stride` (k in 0..8) as 4
+/// registers: register `s` holds word `s` of each run in turn. Runs k and k + 4 are loaded
+/// into the two halves of one register, then each half is a 4 × 4 transpose.
 ///
 /// # Safety
 /// The eight 16-byte ranges must be readable.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn nibble_octet(p: *const u8, stride: usize) -> [__m256i; 8] {
-    // Runs k and k + 4 in the two halves; then each half a 4 × 4 transpose of 32-bit words.
-    // (Macros, not closures, keep the intrinsics inline.)
+unsafe fn words_x8(p: *const u8, stride: usize) -> [__m256i; 4] {
+    // A macro, not a closure, keeps the intrinsics inline.
     macro_rules! runs {
         ($k:expr) => {
             // SAFETY: the caller's ranges.
@@ -129,13 +128,27 @@ pub(super) unsafe fn nibble_octet(p: *const u8, stride: usize) -> [__m256i; 8] {
     let (a, b, c, d) = (runs!(0), runs!(1), runs!(2), runs!(3));
     let (ab_lo, ab_hi) = (_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
     let (cd_lo, cd_hi) = (_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
-    let words = [
+    [
         _mm256_unpacklo_epi64(ab_lo, cd_lo),
         _mm256_unpackhi_epi64(ab_lo, cd_lo),
         _mm256_unpacklo_epi64(ab_hi, cd_hi),
         _mm256_unpackhi_epi64(ab_hi, cd_hi),
-    ];
+    ]
+}
+
+/// Eight blocks of nibbles (16 bytes each, at `p + k·stride`) as an octet's 8 registers
+/// ([`crate::cpu::int8::OCTET`]): register `s` holds values `4s..4s + 4` of each block in
+/// turn (values 0..16 from the low nibbles, 16..32 from the high).
+///
+/// # Safety
+/// The eight 16-byte ranges must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn nibble_octet(p: *const u8, stride: usize) -> [__m256i; 8] {
+    // SAFETY: the caller's ranges.
+    let words = unsafe { words_x8(p, stride) };
     let mask = _mm256_set1_epi8(0x0f);
+    // Macros, not closures, keep the intrinsics inline.
     macro_rules! low {
         ($v:expr) => {
             _mm256_and_si256($v, mask)
@@ -155,5 +168,20 @@ pub(super) unsafe fn nibble_octet(p: *const u8, stride: usize) -> [__m256i; 8] {
         high!(words[1]),
         high!(words[2]),
         high!(words[3]),
+    ]
+}
+
+/// Eight blocks of 32 bytes (at `p + k·stride`) as an octet's 8 registers, as
+/// [`nibble_octet`] lays them out.
+///
+/// # Safety
+/// The eight 32-byte ranges must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn byte_octet(p: *const u8, stride: usize) -> [__m256i; 8] {
+    // SAFETY: the caller's ranges.
+    let (low, high) = unsafe { (words_x8(p, stride), words_x8(p.add(16), stride)) };
+    [
+        low[0], low[1], low[2], low[3], high[0], high[1], high[2], high[3],
     ]
 }
