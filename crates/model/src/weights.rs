@@ -194,6 +194,11 @@ impl Weight {
         self.storage.len
     }
 
+    /// Whether the bytes are a file's map (not memory of their own).
+    pub fn is_mapped(&self) -> bool {
+        !self.storage.owned
+    }
+
     /// Rows `rows` as a tensor of their own, sharing this one's storage (rows are
     /// contiguous, so nothing is copied or read).
     pub fn rows_slice(&self, rows: Range<usize>) -> Result<Weight, ModelError> {

@@ -9,6 +9,7 @@
 use std::mem::{Discriminant, discriminant};
 use std::ops::Range;
 
+use tessera_kernels::mmap::prefault;
 use tessera_kernels::rope::Rope;
 use tessera_topology::{RankPlan, plan_group};
 use tracing::{info, warn};
@@ -28,11 +29,20 @@ struct Slicer<'a> {
 }
 
 impl Slicer<'_> {
+    /// `w`, kept: its bytes counted, and its pages in a file's map populated now
+    /// ([`prefault`]) rather than on the first forward pass.
+    fn keep(&mut self, w: Weight) -> Weight {
+        self.bytes += w.storage_bytes();
+        if w.is_mapped() {
+            prefault(w.bytes());
+        }
+        w
+    }
+
     /// The whole `rows × cols` tensor (norms: replicated on every rank).
     fn whole(&mut self, id: TensorId, rows: usize, cols: usize) -> Result<Weight, ModelError> {
         let w = self.source.require_shape(id, rows, cols)?;
-        self.bytes += w.storage_bytes();
-        Ok(w)
+        Ok(self.keep(w))
     }
 
     /// An RMSNorm's weights, with the config's offset added (Gemma's `1 + w`).
@@ -77,8 +87,7 @@ impl Slicer<'_> {
         } else {
             w.rows_slice(take)?
         };
-        self.bytes += w.storage_bytes();
-        Ok(w)
+        Ok(self.keep(w))
     }
 
     /// Columns `take` of every row of the `rows × cols` tensor `id`, copied out; dequantized
@@ -108,8 +117,7 @@ impl Slicer<'_> {
             }
             w.cols_slice(take)?
         };
-        self.bytes += w.storage_bytes();
-        Ok(w)
+        Ok(self.keep(w))
     }
 
     /// A column-parallel projection: rows `take` of the weight and of its bias.
