@@ -364,6 +364,14 @@ fn by_rows<Y: Copy + Default + Send + Sync>(
             let tile = &mut tile[..len];
             let rows = &w.data[r0 * row_bytes..r1 * row_bytes];
             for first in (v0..v1).step_by(group) {
+                // A span's last part group is run as a whole group that ends with the span,
+                // its first vectors computed twice (to the same bits): cheaper than running
+                // them one by one.
+                let first = if first + group > v1 && v1 - v0 >= group {
+                    v1 - group
+                } else {
+                    first
+                };
                 dot(rows, first, group.min(v1 - first), tile)?;
             }
             // Vector by vector, so that the writes run along `ys`.
