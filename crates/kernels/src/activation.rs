@@ -7,29 +7,51 @@ use rayon::prelude::*;
 const PARALLEL_VALUES: usize = 8 * 1024;
 
 /// `gate[i] = f(gate[i], up[i])`, element by element (the same bits however it is split).
-fn gated(gate: &mut [f32], up: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+fn gated(gate: &mut [f32], up: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Copy) {
     (gate.par_chunks_mut(PARALLEL_VALUES))
         .zip(up.par_chunks(PARALLEL_VALUES))
-        .for_each(|(gate, up)| {
-            for (g, u) in gate.iter_mut().zip(up) {
-                *g = f(*g, *u);
-            }
-        });
+        .for_each(|(gate, up)| gated_here(gate, up, f));
+}
+
+/// [`gated`] on this thread.
+fn gated_here(gate: &mut [f32], up: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = f(*g, *u);
+    }
+}
+
+/// `silu(g) · u` where `silu(x) = x · sigmoid(x)`.
+fn silu_times(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
+}
+
+/// `gelu_tanh(x) · u`, GELU's tanh approximation as torch computes it
+/// (`approximate="tanh"`): `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+fn gelu_tanh_times(x: f32, u: f32) -> f32 {
+    const K: f32 = 0.797_884_6; // √(2/π)
+    let inner = K * (x + 0.044_715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh()) * u
 }
 
 /// `gate[i] = silu(gate[i]) · up[i]` where `silu(x) = x · sigmoid(x)`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    gated(gate, up, |g, u| g / (1.0 + (-g).exp()) * u);
+    gated(gate, up, silu_times);
 }
 
-/// `gate[i] = gelu_tanh(gate[i]) · up[i]`, GELU's tanh approximation as torch computes
-/// it (`approximate="tanh"`): `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+/// `gate[i] = gelu_tanh(gate[i]) · up[i]` ([`gelu_tanh_times`]).
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const K: f32 = 0.797_884_6; // √(2/π)
-    gated(gate, up, |x, u| {
-        let inner = K * (x + 0.044_715 * x * x * x);
-        0.5 * x * (1.0 + inner.tanh()) * u
-    });
+    gated(gate, up, gelu_tanh_times);
+}
+
+/// [`silu_mul`] of one vector, on this thread (for [`crate::matmul::Input::make`], which
+/// runs the vectors across the pool).
+pub fn silu_mul_row(gate: &mut [f32], up: &[f32]) {
+    gated_here(gate, up, silu_times);
+}
+
+/// [`gelu_tanh_mul`] of one vector, on this thread.
+pub fn gelu_tanh_mul_row(gate: &mut [f32], up: &[f32]) {
+    gated_here(gate, up, gelu_tanh_times);
 }
 
 #[cfg(test)]

@@ -105,6 +105,10 @@ const MIN_ROWS_PER_TASK: usize = 16;
 /// enough that the tile stays in L1/L2 while every group of the batch passes over it.
 const TILE_BYTES: usize = 16 << 10;
 
+/// Values made by one task of [`Input::make`] without quantization: a longer input is made
+/// across the pool.
+const PARALLEL_VALUES: usize = 16 * 1024;
+
 /// Tasks per pool thread for a batched matmul: enough that the last ones to finish are short.
 const TASKS_PER_THREAD: usize = 8;
 
@@ -149,6 +153,40 @@ impl<'a> Input<'a> {
             precision,
             q8: std::cell::OnceCell::new(),
         }
+    }
+
+    /// An input made vector by vector: `row(t, x)` writes vector `t` (`x`, `cols` values of
+    /// `xs`). In `fast`, each vector is quantized right after it is made, while it is in
+    /// cache (the norm or gated activation before a matmul, fused with its quantization),
+    /// for every matmul of this input that takes the 8-bit path; the same bits as making
+    /// the vectors, then [`Input::new`]. Vectors are made across the pool when the input is
+    /// long.
+    pub fn make(
+        xs: &'a mut [f32],
+        cols: usize,
+        precision: Precision,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Result<Input<'a>, KernelError> {
+        if cols == 0 || !xs.len().is_multiple_of(cols) {
+            return Err(KernelError::Length {
+                what: "an input's vectors (a multiple of its columns)",
+                expected: cols,
+                actual: xs.len(),
+            });
+        }
+        let q8 = std::cell::OnceCell::new();
+        if precision == Precision::Fast && cols.is_multiple_of(int8::BLOCK) {
+            let mut acts = SPARE.with_borrow_mut(Option::take).unwrap_or_default();
+            acts.make(xs, cols, row)?;
+            let _ = q8.set(acts);
+        } else if xs.len() < PARALLEL_VALUES {
+            xs.chunks_mut(cols).enumerate().for_each(|(t, x)| row(t, x));
+        } else {
+            (xs.par_chunks_mut(cols).enumerate())
+                .with_min_len((PARALLEL_VALUES / cols).max(1))
+                .for_each(|(t, x)| row(t, x));
+        }
+        Ok(Input { xs, precision, q8 })
     }
 
     /// Values in all (vectors × columns).

@@ -56,3 +56,54 @@ fn several_matmuls_of_one_input_give_each_ones_bits() {
         }
     }
 }
+
+/// An input made vector by vector (`Input::make`: a norm or gated activation fused with the
+/// 8-bit quantization) gives the bits of the same vectors made first and then quantized
+/// (`Input::new`), in both precisions, for inputs made on one thread and across the pool,
+/// with rows with and without whole octets of blocks.
+#[test]
+fn an_input_made_vector_by_vector_gives_the_bits_of_one_made_first() {
+    use rand::{Rng, SeedableRng};
+    use tessera_kernels::DType;
+    use tessera_kernels::matmul::{Input, MatRef, Precision, matmul_input};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x3a8);
+    for (cols, n) in [(96, 1), (96, 200), (576, 3), (576, 40)] {
+        let data = common::random_rows(&mut rng, DType::Q4_1, 40, cols);
+        let w = MatRef::new(DType::Q4_1, 40, cols, &data).unwrap();
+        let source: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
+        // Each vector made from the source as a norm would: scaled by its own factor.
+        let row = |t: usize, out: &mut [f32]| {
+            for (o, s) in out.iter_mut().zip(&source[t * cols..][..cols]) {
+                *o = s * (t as f32 + 0.5);
+            }
+        };
+        for precision in [Precision::Exact, Precision::Fast] {
+            // Made first: the buffers it reuses hold another input's blocks.
+            let mut made = vec![f32::NAN; n * cols];
+            let input = Input::make(&mut made, cols, precision, row).unwrap();
+            let mut got = vec![f32::NAN; n * 40];
+            matmul_input(&w, &input, &mut got).unwrap();
+            drop(input);
+            let mut first = vec![0.0; n * cols];
+            first
+                .chunks_mut(cols)
+                .enumerate()
+                .for_each(|(t, x)| row(t, x));
+            let mut want = vec![f32::NAN; n * 40];
+            matmul_input(&w, &Input::new(&first, precision), &mut want).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&made),
+                bits(&first),
+                "{precision:?} cols {cols} n {n}: vectors"
+            );
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{precision:?} cols {cols} n {n}: matmul"
+            );
+        }
+    }
+    let mut odd = vec![0.0; 100];
+    assert!(Input::make(&mut odd, 96, Precision::Fast, |_, _| {}).is_err());
+}

@@ -38,12 +38,12 @@ mod load;
 use std::ops::Range;
 
 use tessera_comm::Collective;
-use tessera_kernels::activation::{gelu_tanh_mul, silu_mul};
+use tessera_kernels::activation::{gelu_tanh_mul_row, silu_mul_row};
 use tessera_kernels::attention::{KvLayout, paged_attention};
 use tessera_kernels::matmul::{
     Input, Precision as KernelPrecision, matmul_input, matmul_input_many, matmul_input_wide,
 };
-use tessera_kernels::norm::{add_rms_norm, head_rms_norm, rms_norm};
+use tessera_kernels::norm::{head_rms_norm, rms_norm};
 use tessera_kernels::rope::{Rope, RopeTables};
 use tessera_topology::{Precision, RankPlan};
 
@@ -173,13 +173,12 @@ impl Layer {
         comm: &mut dyn Collective,
     ) -> Result<(), ModelError> {
         let c = pass.config;
-        let hidden = c.hidden_size;
-        for (x, h) in s.x.chunks_exact(hidden).zip(s.h.chunks_exact_mut(hidden)) {
-            rms_norm(x, &self.attn_norm, c.rms_norm_eps, h);
-        }
-        let p = pass.precision;
-        // One input for q, k and v: in `fast`, quantized once.
-        let h = Input::new(&s.h, p);
+        let (hidden, eps, p) = (c.hidden_size, c.rms_norm_eps, pass.precision);
+        // One input for q, k and v: in `fast`, quantized once, each token as it is normed.
+        let x = &s.x;
+        let h = Input::make(&mut s.h, hidden, p, |t, h| {
+            rms_norm(&x[t * hidden..][..hidden], &self.attn_norm, eps, h);
+        })?;
         Linear::apply_many(
             [&self.q, &self.k, &self.v],
             &h,
@@ -215,18 +214,23 @@ impl Layer {
         );
         (self.o).apply_summed(&Input::new(&s.attn, p), &mut s.o, &mut s.wide, comm)?;
         post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
-        let rows = s.x.chunks_exact_mut(hidden).zip(s.o.chunks_exact(hidden));
-        for ((x, o), h) in rows.zip(s.h.chunks_exact_mut(hidden)) {
-            add_rms_norm(x, o, &self.ffn_norm, c.rms_norm_eps, h);
-        }
-        let h = Input::new(&s.h, p);
+        s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+        let x = &s.x;
+        let h = Input::make(&mut s.h, hidden, p, |t, h| {
+            rms_norm(&x[t * hidden..][..hidden], &self.ffn_norm, eps, h);
+        })?;
         Linear::apply_many([&self.gate, &self.up], &h, [&mut s.gate, &mut s.up])?;
         drop(h);
-        match c.block.activation {
-            Activation::Silu => silu_mul(&mut s.gate, &s.up),
-            Activation::GeluTanh => gelu_tanh_mul(&mut s.gate, &s.up),
-        }
-        (self.down).apply_summed(&Input::new(&s.gate, p), &mut s.down, &mut s.wide, comm)?;
+        let (up, inter) = (&s.up, self.up.weight.rows);
+        let gated = Input::make(&mut s.gate, inter, p, |t, gate| {
+            let up = &up[t * inter..][..inter];
+            match c.block.activation {
+                Activation::Silu => silu_mul_row(gate, up),
+                Activation::GeluTanh => gelu_tanh_mul_row(gate, up),
+            }
+        })?;
+        (self.down).apply_summed(&gated, &mut s.down, &mut s.wide, comm)?;
+        drop(gated);
         post_norm(&mut s.down, self.post_ffn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
         Ok(())

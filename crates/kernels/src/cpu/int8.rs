@@ -167,37 +167,88 @@ impl Q8Acts {
     /// [`Q8Acts::quantize`] into this one's buffers (no allocation once they are large
     /// enough).
     pub fn requantize(&mut self, xs: &[f32], cols: usize) -> Result<(), KernelError> {
-        if cols == 0 || !cols.is_multiple_of(BLOCK) || !xs.len().is_multiple_of(cols) {
-            return Err(KernelError::Length {
-                what: "activations to quantize (whole 32-value blocks of whole vectors)",
-                expected: cols,
-                actual: xs.len(),
-            });
-        }
-        self.cols = cols;
-        let blocks = xs.len() / BLOCK;
-        self.qs.resize(xs.len(), 0);
-        self.d.resize(blocks, 0.0);
-        self.dsum.resize(blocks, 0.0);
+        self.resize(xs.len(), cols)?;
         // Each block on its own: the same bits however the blocks are split.
         (xs.par_chunks(PARALLEL_VALUES))
             .zip(self.qs.par_chunks_mut(PARALLEL_VALUES))
             .zip(self.d.par_chunks_mut(PARALLEL_VALUES / BLOCK))
             .zip(self.dsum.par_chunks_mut(PARALLEL_VALUES / BLOCK))
             .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
-        let per_vector = cols / OCTET * OCTET;
-        self.octets.resize(xs.len() / cols * per_vector, 0);
-        if per_vector > 0 {
-            let vectors = self.octets.chunks_mut(per_vector).zip(self.qs.chunks(cols));
-            if xs.len() < PARALLEL_VALUES {
-                vectors.for_each(|(octets, qs)| interleave_octets(qs, octets));
-            } else {
-                (self.octets.par_chunks_mut(per_vector))
-                    .zip(self.qs.par_chunks(cols))
-                    .for_each(|(octets, qs)| interleave_octets(qs, octets));
-            }
-        }
+        self.interleave();
         Ok(())
+    }
+
+    /// Makes the `xs.len() / cols` vectors of `xs`, each with `row(t, x)` (`x`: vector `t`
+    /// of `xs`, to write), and quantizes each one as soon as it is made, while its values
+    /// are in cache: the norm or gated activation that makes a matmul's input, fused with
+    /// its quantization. The same bits as making every vector, then [`Q8Acts::requantize`].
+    /// Vectors are made across the pool when the input is long (a prefill's).
+    pub fn make(
+        &mut self,
+        xs: &mut [f32],
+        cols: usize,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Result<(), KernelError> {
+        self.resize(xs.len(), cols)?;
+        let blocks = cols / BLOCK;
+        let make = |(t, (((x, qs), d), dsum)): (usize, (((&mut [f32], _), _), _))| {
+            row(t, x);
+            quantize_blocks(x, qs, d, dsum);
+        };
+        if xs.len() < PARALLEL_VALUES {
+            (xs.chunks_mut(cols))
+                .zip(self.qs.chunks_mut(cols))
+                .zip(self.d.chunks_mut(blocks))
+                .zip(self.dsum.chunks_mut(blocks))
+                .enumerate()
+                .for_each(make);
+        } else {
+            (xs.par_chunks_mut(cols))
+                .zip(self.qs.par_chunks_mut(cols))
+                .zip(self.d.par_chunks_mut(blocks))
+                .zip(self.dsum.par_chunks_mut(blocks))
+                .enumerate()
+                .with_min_len((PARALLEL_VALUES / cols).max(1))
+                .for_each(make);
+        }
+        self.interleave();
+        Ok(())
+    }
+
+    /// The buffers sized for `len` values of whole vectors of `cols`.
+    fn resize(&mut self, len: usize, cols: usize) -> Result<(), KernelError> {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) || !len.is_multiple_of(cols) {
+            return Err(KernelError::Length {
+                what: "activations to quantize (whole 32-value blocks of whole vectors)",
+                expected: cols,
+                actual: len,
+            });
+        }
+        self.cols = cols;
+        self.qs.resize(len, 0);
+        self.d.resize(len / BLOCK, 0.0);
+        self.dsum.resize(len / BLOCK, 0.0);
+        self.octets.resize(len / cols * (cols / OCTET * OCTET), 0);
+        Ok(())
+    }
+
+    /// Each vector's whole octets from its blocks ([`Q8Row::octets`]).
+    fn interleave(&mut self) {
+        let per_vector = self.cols / OCTET * OCTET;
+        if per_vector == 0 {
+            return;
+        }
+        let vectors = self
+            .octets
+            .chunks_mut(per_vector)
+            .zip(self.qs.chunks(self.cols));
+        if self.qs.len() < PARALLEL_VALUES {
+            vectors.for_each(|(octets, qs)| interleave_octets(qs, octets));
+        } else {
+            (self.octets.par_chunks_mut(per_vector))
+                .zip(self.qs.par_chunks(self.cols))
+                .for_each(|(octets, qs)| interleave_octets(qs, octets));
+        }
     }
 
     /// The number of vectors.
