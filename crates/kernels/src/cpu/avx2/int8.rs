@@ -462,7 +462,10 @@ int8_kernels!(
         Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0 }
     },
     |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps()),
-    Some(
+    // Octets for groups only: with one vector, the transpose of 8 × 32 bytes per octet
+    // costs more than the horizontal adds it saves (matvec 1536 × 576 at 1 thread: quads
+    // 26.0–26.8 GiB/s, octets 24.7–25.8).
+    (T > 1).then_some(
         #[inline(always)]
         |o: usize| Octet { values: byte_octet(w.as_ptr().add(o * 34 + 2), 34), signed: true }
     )
