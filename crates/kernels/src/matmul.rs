@@ -183,7 +183,7 @@ impl<'a> Input<'a> {
             xs.chunks_mut(cols).enumerate().for_each(|(t, x)| row(t, x));
         } else {
             (xs.par_chunks_mut(cols).enumerate())
-                .with_min_len((PARALLEL_VALUES / cols).max(1))
+                .with_min_len((PARALLEL_VALUES / 4 / cols).max(1))
                 .for_each(|(t, x)| row(t, x));
         }
         Ok(Input { xs, precision, q8 })

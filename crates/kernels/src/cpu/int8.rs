@@ -31,9 +31,13 @@ pub const BLOCK: usize = 32;
 /// 1.5·2^23: see [`quantize_blocks`].
 const ROUNDER: f32 = 12_582_912.0;
 
-/// Values quantized by one task: a larger matmul input (a prefill's) is quantized across
-/// the pool.
+/// An input of fewer values is quantized on the calling thread; a larger one (a prefill's)
+/// across the pool.
 const PARALLEL_VALUES: usize = 16 * 1024;
+
+/// Values per task once an input is quantized across the pool: small tasks, so that the
+/// pool's threads finish together.
+const TASK_VALUES: usize = 4 * 1024;
 
 /// Quantizes the whole blocks of `xs` into `qs`, `d` and `dsum` as [`Q8Acts`] holds them.
 fn quantize_blocks(xs: &[f32], qs: &mut [i8], d: &mut [f32], dsum: &mut [f32]) {
@@ -169,11 +173,15 @@ impl Q8Acts {
     pub fn requantize(&mut self, xs: &[f32], cols: usize) -> Result<(), KernelError> {
         self.resize(xs.len(), cols)?;
         // Each block on its own: the same bits however the blocks are split.
-        (xs.par_chunks(PARALLEL_VALUES))
-            .zip(self.qs.par_chunks_mut(PARALLEL_VALUES))
-            .zip(self.d.par_chunks_mut(PARALLEL_VALUES / BLOCK))
-            .zip(self.dsum.par_chunks_mut(PARALLEL_VALUES / BLOCK))
-            .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
+        if xs.len() < PARALLEL_VALUES {
+            quantize_blocks(xs, &mut self.qs, &mut self.d, &mut self.dsum);
+        } else {
+            (xs.par_chunks(TASK_VALUES))
+                .zip(self.qs.par_chunks_mut(TASK_VALUES))
+                .zip(self.d.par_chunks_mut(TASK_VALUES / BLOCK))
+                .zip(self.dsum.par_chunks_mut(TASK_VALUES / BLOCK))
+                .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
+        }
         self.interleave();
         Ok(())
     }
@@ -208,7 +216,7 @@ impl Q8Acts {
                 .zip(self.d.par_chunks_mut(blocks))
                 .zip(self.dsum.par_chunks_mut(blocks))
                 .enumerate()
-                .with_min_len((PARALLEL_VALUES / cols).max(1))
+                .with_min_len((TASK_VALUES / cols).max(1))
                 .for_each(make);
         }
         self.interleave();
