@@ -171,9 +171,9 @@ struct Tally {
 
 /// One streamed request, retried on another peer while it is refused before it starts:
 /// 503 (a draining peer, no leader yet), a refused connection (a peer that stopped), or a
-/// connection reset or closed before any answer (a peer closing its listener as it stops:
-/// connections the kernel queued but the server never took are reset, and a draining peer
-/// runs no request it has not answered). Anything else is a failure: a stream cut after
+/// connection reset or closed before any answer, also while the request was being written
+/// (a peer closing its listener as it stops: connections the kernel queued but the server
+/// never took are reset, and a draining peer runs no request it has not answered). Anything else is a failure: a stream cut after
 /// it began (its client has tokens already and cannot simply retry), an interrupted
 /// request, a wrong answer.
 fn request_until_served(urls: &[String], first: usize, tally: &Mutex<Tally>) {
@@ -290,6 +290,13 @@ fn unanswered(kind: std::io::ErrorKind) -> bool {
     use std::io::ErrorKind as K;
     matches!(
         kind,
-        K::ConnectionRefused | K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::UnexpectedEof
+            // The peer had closed the connection (one it queued but never took as it
+            // stopped, or one kept alive from before its restart) while the request was
+            // being written: it never read the request.
+            | K::BrokenPipe
     )
 }
