@@ -17,9 +17,11 @@ use std::arch::x86_64::*;
 
 use crate::quant::iq4::IQ4_LEVELS;
 
+mod float;
 mod fp8;
 pub(super) mod int8;
 mod k_quants;
+pub use float::{dot_bf16, dot_f16, dot_f32};
 pub use fp8::dot_f8_e4m3;
 pub use k_quants::{dot_iq4_xs, dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k};
 
@@ -55,121 +57,6 @@ unsafe fn load8(x: &[f32], at: usize) -> __m256 {
     unsafe { _mm256_loadu_ps(x.as_ptr().add(at)) }
 }
 
-/// The length every `x` (and `a`) has at least: the products are taken over this many values.
-fn common_len<const T: usize>(a: usize, xs: &[&[f32]; T]) -> usize {
-    xs.iter().fold(a, |n, x| n.min(x.len()))
-}
-
-/// Σ a·x for each `x` in `xs`, over the shortest length.
-///
-/// # Safety
-/// Needs AVX2 and FMA.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_f32<const T: usize>(a: &[f32], xs: [&[f32]; T]) -> [f32; T] {
-    let n = common_len(a.len(), &xs);
-    let mut acc = [[_mm256_setzero_ps(); 4]; T];
-    let mut i = 0;
-    while i + 32 <= n {
-        for k in 0..4 {
-            // SAFETY: i + 32 <= n bounds `a` and every `x`.
-            let w = unsafe { load8(a, i + 8 * k) };
-            for (acc, x) in acc.iter_mut().zip(&xs) {
-                // SAFETY: as above.
-                acc[k] = unsafe { _mm256_fmadd_ps(w, load8(x, i + 8 * k), acc[k]) };
-            }
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n bounds `a` and every `x`.
-        let w = unsafe { load8(a, i) };
-        for (acc, x) in acc.iter_mut().zip(&xs) {
-            // SAFETY: as above.
-            acc[0] = unsafe { _mm256_fmadd_ps(w, load8(x, i), acc[0]) };
-        }
-        i += 8;
-    }
-    let mut out = [0.0; T];
-    for ((total, [a0, a1, a2, a3]), x) in out.iter_mut().zip(acc).zip(xs) {
-        *total = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for j in i..n {
-            *total += a[j] * x[j];
-        }
-    }
-    out
-}
-
-/// Σ w·x for a row of 16-bit floats widened by `widen` (8 values from 16 bytes at a time).
-///
-/// # Safety
-/// Needs AVX2, FMA and F16C; `w.len() >= 2 · n` for the common length `n` of the `xs`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_half<const T: usize>(
-    w: &[u8],
-    xs: [&[f32]; T],
-    widen: impl Fn(__m128i) -> __m256,
-    scalar: impl Fn(&[u8], usize) -> f32,
-) -> [f32; T] {
-    let n = common_len(w.len() / 2, &xs);
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 2·(i + 16) <= w.len().
-        let (f0, f1) = unsafe {
-            let h0 = _mm_loadu_si128(w.as_ptr().add(2 * i).cast());
-            let h1 = _mm_loadu_si128(w.as_ptr().add(2 * i + 16).cast());
-            (widen(h0), widen(h1))
-        };
-        for (acc, x) in acc.iter_mut().zip(&xs) {
-            // SAFETY: i + 16 <= x.len().
-            unsafe {
-                acc[0] = _mm256_fmadd_ps(f0, load8(x, i), acc[0]);
-                acc[1] = _mm256_fmadd_ps(f1, load8(x, i + 8), acc[1]);
-            }
-        }
-        i += 16;
-    }
-    let mut out = [0.0; T];
-    for ((total, [a0, a1]), x) in out.iter_mut().zip(acc).zip(xs) {
-        *total = hsum(_mm256_add_ps(a0, a1));
-        for (j, xj) in x.iter().enumerate().take(n).skip(i) {
-            *total += scalar(w, 2 * j) * xj;
-        }
-    }
-    out
-}
-
-/// Σ w·x for a row of f16 (`w` holds `2 · x.len()` bytes).
-///
-/// # Safety
-/// Needs AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    // SAFETY: same features; `w` covers the values (the caller's contract).
-    unsafe { dot_half(w, xs, |h| _mm256_cvtph_ps(h), |w, at| f16_at(w, at)) }
-}
-
-/// Σ w·x for a row of bf16: a bf16 is the top half of an f32.
-///
-/// # Safety
-/// Needs AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_bf16<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    // SAFETY: same features; `w` covers the values (the caller's contract).
-    unsafe {
-        dot_half(
-            w,
-            xs,
-            |h| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))),
-            |w, at| half::bf16::from_bits(u16::from_le_bytes([w[at], w[at + 1]])).to_f32(),
-        )
-    }
-}
-
 /// Σ q·x over one 32-value block: `q` the block's 32 integer values as 4 × 8 floats,
 /// `x[xb..xb + 32]` the activations. Two short chains instead of one of four FMAs: the
 /// block's latency halves.
@@ -191,13 +78,39 @@ unsafe fn block_dot(q: &[__m256; 4], x: &[f32], xb: usize) -> __m256 {
     }
 }
 
-/// Unpacks 16 bytes of nibbles minus `offset`: low nibbles are values 0..16, high nibbles
-/// 16..32.
+/// The 32 values of the 16 bytes of nibbles at `block[at..at + 16]`, minus `offset`, as
+/// 4 × 8 floats: low nibbles are values 0..16, high nibbles 16..32.
+///
+/// For one vector (`T = 1`), each half of the bytes is widened to 8 words as it is loaded
+/// and the nibbles are taken from the words: two widenings instead of four, and no byte
+/// shuffles. That made the Q4_1 matvec about a sixth faster at one thread. The kernels for
+/// groups of vectors got slower with it (a 46-token prefill took half as long again), so
+/// they split the nibbles in registers as before. The values are the same either way.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn unpack_nibbles(qs: __m128i, offset: __m128i) -> [__m256; 4] {
-    let (lo, hi) = split_nibbles(qs);
-    widen_32(_mm_sub_epi8(lo, offset), _mm_sub_epi8(hi, offset))
+fn unpack_nibbles<const T: usize>(block: &[u8], at: usize, offset: i8) -> [__m256; 4] {
+    if T > 1 {
+        let (lo, hi) = split_nibbles(load16(block, at));
+        let offset = _mm_set1_epi8(offset);
+        return widen_32(_mm_sub_epi8(lo, offset), _mm_sub_epi8(hi, offset));
+    }
+    let offset = _mm256_set1_epi32(i32::from(offset));
+    let first = _mm256_cvtepu8_epi32(load8_bytes(block, at));
+    let second = _mm256_cvtepu8_epi32(load8_bytes(block, at + 8));
+    let mask = _mm256_set1_epi32(0x0f);
+    [
+        words_minus(_mm256_and_si256(first, mask), offset),
+        words_minus(_mm256_and_si256(second, mask), offset),
+        words_minus(_mm256_srli_epi32::<4>(first), offset),
+        words_minus(_mm256_srli_epi32::<4>(second), offset),
+    ]
+}
+
+/// The 8 words of `v` minus `offset`, as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn words_minus(v: __m256i, offset: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset))
 }
 
 /// The low nibbles (values 0..16) and the high nibbles (values 16..32) of 16 bytes, one per
@@ -330,29 +243,53 @@ fn for_each_block_pair<const BYTES: usize>(
 
 /// Σ over the 32-value blocks of a row of `d · Σ q·x`, with `d` the f16 at byte 0 of each
 /// `BYTES`-byte block and `q` its 32 values as `unpack` gives them: the body of the
-/// kernels of the 32-value types, which differ only in `unpack` (and a min term after).
+/// kernels of the 32-value types, which differ only in `unpack` and in the min terms of
+/// Q4_1 and Q5_1 ([`dot_min_blocks`]).
+///
+/// `mins = Some(sums)` (one vector only) also adds each block's min term in the loop:
+/// `m · sums[b]`, with `m` the f16 at byte 2 and `sums[b]` Σ x over block `b`, into two
+/// scalar chains by block parity, added to the total at the end.
 ///
 /// # Safety
-/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` for every `x`.
+/// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` for every `x`, and
+/// `sums.len() == x.len() / 32`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_scaled_blocks<const BYTES: usize, const T: usize>(
     w: &[u8],
     xs: [&[f32]; T],
+    mins: Option<&[f32]>,
     unpack: impl Fn(&[u8; BYTES]) -> [__m256; 4],
 ) -> [f32; T] {
+    debug_assert!(mins.is_none() || T == 1);
     let mut totals = [[_mm256_setzero_ps(); T]; 2];
+    let mut min_chains = [0.0f32; 2];
     for_each_block_pair::<BYTES>(
         w,
         #[inline(always)]
         |block, b, parity| {
             let q = unpack(block);
-            let d = _mm256_set1_ps(f16_at(block, 0));
-            // SAFETY: b·32 + 32 <= x.len() by the row length.
+            let Some(sums) = mins else {
+                let d = _mm256_set1_ps(f16_at(block, 0));
+                // SAFETY: b·32 + 32 <= x.len() by the row length.
+                unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+                return;
+            };
+            // d and m converted together.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                block[0], block[1], block[2], block[3],
+            ])));
+            let d = _mm256_broadcastss_ps(dm);
+            // SAFETY: as above.
             unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
+            min_chains[parity] += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * sums[b];
         },
     );
-    finish(totals)
+    let mut out = finish(totals);
+    if mins.is_some() {
+        out[0] = out[0] + min_chains[0] + min_chains[1];
+    }
+    out
 }
 
 /// Loads `bytes[at..at + 16]`.
@@ -362,6 +299,15 @@ fn load16(bytes: &[u8], at: usize) -> __m128i {
     let part = &bytes[at..at + 16];
     // SAFETY: `part` is 16 bytes (the slice above is bounds-checked).
     unsafe { _mm_loadu_si128(part.as_ptr().cast()) }
+}
+
+/// Loads `bytes[at..at + 8]` into the low half.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load8_bytes(bytes: &[u8], at: usize) -> __m128i {
+    let part = &bytes[at..at + 8];
+    // SAFETY: `part` is 8 bytes (the slice above is bounds-checked).
+    unsafe { _mm_loadl_epi64(part.as_ptr().cast()) }
 }
 
 /// Q8_0 row: blocks of (f16 d, 32 × i8).
@@ -376,6 +322,7 @@ pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
         dot_scaled_blocks::<34, T>(
             w,
             xs,
+            None,
             #[inline(always)]
             |block| widen_32(load16(block, 2), load16(block, 18)),
         )
@@ -389,14 +336,14 @@ pub unsafe fn dot_q8_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let eight = _mm_set1_epi8(8);
     // SAFETY: same features and row length (the caller's contract).
     unsafe {
         dot_scaled_blocks::<18, T>(
             w,
             xs,
+            None,
             #[inline(always)]
-            |block| unpack_nibbles(load16(block, 2), eight),
+            |block| unpack_nibbles::<T>(block, 2, 8),
         )
     }
 }
@@ -411,7 +358,6 @@ pub unsafe fn dot_q4_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
-    let zero = _mm_setzero_si128();
     // SAFETY: same features, row length and sums (the caller's contract).
     unsafe {
         dot_min_blocks::<20, T>(
@@ -419,12 +365,16 @@ pub unsafe fn dot_q4_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32];
             xs,
             sums,
             #[inline(always)]
-            |block| unpack_nibbles(load16(block, 4), zero),
+            |block| unpack_nibbles::<T>(block, 4, 0),
         )
     }
 }
 
-/// [`dot_scaled_blocks`] plus the min terms of a Q4_1 or Q5_1 row ([`add_min_terms`]).
+/// [`dot_scaled_blocks`] plus the min terms of a Q4_1 or Q5_1 row. For one vector they are
+/// taken in the block loop, where they hide behind the vector work. For a group of vectors
+/// they run in a pass after it ([`add_min_terms`]): in the loop they slowed the group's
+/// kernel down. Both take the same operations in the same order, so a vector's bits are
+/// the same either way.
 ///
 /// # Safety
 /// Needs AVX2, FMA and F16C; `w.len() == x.len() / 32 * BYTES` and
@@ -439,16 +389,18 @@ unsafe fn dot_min_blocks<const BYTES: usize, const T: usize>(
 ) -> [f32; T] {
     // SAFETY: same features, row length and sums (the caller's contract).
     unsafe {
-        let mut out = dot_scaled_blocks::<BYTES, T>(w, xs, unpack);
+        if T == 1 {
+            return dot_scaled_blocks::<BYTES, T>(w, xs, Some(sums[0]), unpack);
+        }
+        let mut out = dot_scaled_blocks::<BYTES, T>(w, xs, None, unpack);
         add_min_terms::<BYTES, T>(&mut out, w, sums);
         out
     }
 }
 
 /// Adds `Σ_b m_b · sums[b]` to each vector's total, for the blocks of a Q4_1 or Q5_1 row
-/// (f16 minimum `m` at byte 2 of each `BYTES`-byte block): the min terms, in a pass of their
-/// own, with the same operations in the same order for every vector, without holding on to
-/// registers and bounds checks in the block loop.
+/// (f16 minimum `m` at byte 2 of each `BYTES`-byte block), in two chains by block parity as
+/// the one-vector loop of [`dot_scaled_blocks`] does.
 ///
 /// # Safety
 /// Needs AVX2 and F16C.
@@ -481,6 +433,7 @@ pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
         dot_scaled_blocks::<22, T>(
             w,
             xs,
+            None,
             #[inline(always)]
             |block| unpack_q5(block, 2, sixteen),
         )
@@ -541,6 +494,7 @@ pub unsafe fn dot_iq4_nl<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] 
         dot_scaled_blocks::<18, T>(
             w,
             xs,
+            None,
             #[inline(always)]
             |block| unpack_iq4(load16(block, 2), table),
         )
