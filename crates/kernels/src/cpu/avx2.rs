@@ -84,7 +84,7 @@ unsafe fn block_dot(q: &[__m256; 4], x: &[f32], xb: usize) -> __m256 {
 /// For one vector (`T = 1`), each half of the bytes is widened to 8 words as it is loaded
 /// and the nibbles are taken from the words: two widenings instead of four, and no byte
 /// shuffles. That made the Q4_1 matvec about a sixth faster at one thread. The kernels for
-/// groups of vectors got slower with it (a 46-token prefill took half as long again), so
+/// groups of vectors got slower with it (a 46-token prefill ran at half the speed), so
 /// they split the nibbles in registers as before. The values are the same either way.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
