@@ -400,10 +400,12 @@ unsafe fn dot_min_blocks<const BYTES: usize, const T: usize>(
 
 /// Adds `Σ_b m_b · sums[b]` to each vector's total, for the blocks of a Q4_1 or Q5_1 row
 /// (f16 minimum `m` at byte 2 of each `BYTES`-byte block), in two chains by block parity as
-/// the one-vector loop of [`dot_scaled_blocks`] does.
+/// the one-vector loop of [`dot_scaled_blocks`] does. Up to 4 vectors go in the lanes of
+/// one register: each block's `m` is converted once, and each lane takes the same multiply
+/// and add as a scalar chain would, so the bits are the same.
 ///
 /// # Safety
-/// Needs AVX2 and F16C.
+/// Needs AVX2 and F16C; `sums[t].len() >= ` the row's blocks for every `t`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
@@ -411,12 +413,26 @@ unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
     w: &[u8],
     sums: [&[f32]; T],
 ) {
-    for (total, sums) in out.iter_mut().zip(sums) {
-        let mut mins = [0.0f32; 2];
-        for (b, (block, sum)) in w.chunks_exact(BYTES).zip(sums).enumerate() {
-            mins[b & 1] += f16_at(block, 2) * sum;
-        }
-        *total = *total + mins[0] + mins[1];
+    const { assert!(T <= 4, "the min terms of at most 4 vectors fit one register") };
+    let mut chains = [_mm_setzero_ps(); 2];
+    for_each_block_pair::<BYTES>(
+        w,
+        #[inline(always)]
+        |block, b, parity| {
+            let m = _mm_set1_ps(f16_at(block, 2));
+            let sum = |t: usize| if t < T { sums[t][b] } else { 0.0 };
+            let s = _mm_setr_ps(sum(0), sum(1), sum(2), sum(3));
+            chains[parity] = _mm_add_ps(chains[parity], _mm_mul_ps(m, s));
+        },
+    );
+    let [mut even, mut odd] = [[0.0f32; 4]; 2];
+    // SAFETY: each array holds 4 values.
+    unsafe {
+        _mm_storeu_ps(even.as_mut_ptr(), chains[0]);
+        _mm_storeu_ps(odd.as_mut_ptr(), chains[1]);
+    }
+    for (t, total) in out.iter_mut().enumerate() {
+        *total = *total + even[t] + odd[t];
     }
 }
 
