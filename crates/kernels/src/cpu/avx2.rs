@@ -413,7 +413,12 @@ unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
     w: &[u8],
     sums: [&[f32]; T],
 ) {
-    const { assert!(T <= 4, "the min terms of at most 4 vectors fit one register") };
+    const {
+        assert!(
+            T <= 4,
+            "the min terms of at most 4 vectors fit one register"
+        )
+    };
     let mut chains = [_mm_setzero_ps(); 2];
     for_each_block_pair::<BYTES>(
         w,
