@@ -96,6 +96,22 @@ pub fn q4_k_scale_min(j: usize, scales: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     }
 }
 
+/// The 8 scales and the 8 minimums of a Q4_K block as the bytes of two little-endian
+/// words (sub-block `j` in byte `j`): [`q4_k_scale_min`] for every `j` at once, four
+/// sub-blocks to a 32-bit word.
+#[inline]
+pub fn q4_k_scales_mins(scales: &[u8; K_SCALE_SIZE]) -> (u64, u64) {
+    let word = |at: usize| {
+        u32::from_le_bytes([scales[at], scales[at + 1], scales[at + 2], scales[at + 3]])
+    };
+    let (low_scales, low_mins, high) = (word(0), word(4), word(8));
+    // Sub-blocks 4..8: 4 low bits from bytes 8..12, the top 2 bits of bytes 0..8 as bits 4, 5.
+    let high_scales = (high & 0x0f0f_0f0f) | ((low_scales >> 2) & 0x3030_3030);
+    let high_mins = ((high >> 4) & 0x0f0f_0f0f) | ((low_mins >> 2) & 0x3030_3030);
+    let join = |low: u32, high: u32| u64::from(low & 0x3f3f_3f3f) | (u64::from(high) << 32);
+    (join(low_scales, high_scales), join(low_mins, high_mins))
+}
+
 /// Dequantizes one Q4_K block.
 #[inline]
 pub fn dequantize_block_q4_k(block: &[u8; BLOCK_Q4_K_BYTES], out: &mut [f32; QK_K]) {
@@ -187,6 +203,29 @@ pub fn dequantize_block_q6_k(block: &[u8; BLOCK_Q6_K_BYTES], out: &mut [f32; QK_
 mod tests {
     use super::*;
     use half::f16;
+
+    #[test]
+    fn all_scales_and_mins_at_once_are_each_sub_blocks() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1000 {
+            let mut scales = [0u8; K_SCALE_SIZE];
+            for b in &mut scales {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                *b = (state >> 56) as u8;
+            }
+            let (sc, m) = q4_k_scales_mins(&scales);
+            for j in 0..8 {
+                let want = q4_k_scale_min(j, &scales);
+                assert_eq!(
+                    ((sc >> (8 * j)) as u8, (m >> (8 * j)) as u8),
+                    want,
+                    "{scales:?} {j}"
+                );
+            }
+        }
+    }
 
     /// Packs eight 6-bit (scale, min) pairs the way GGML's Q4_K quantizer does.
     fn pack_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; K_SCALE_SIZE] {

@@ -10,11 +10,15 @@
 
 use std::arch::x86_64::*;
 
-use super::{accumulate_block, f16_at, finish, iq4_table, load16, unpack_iq4, widen_32, widen_i8};
+use super::{
+    accumulate_block, f16_at, finish, iq4_table, load8_bytes, load16, unpack_iq4, widen_32,
+    widen_i8,
+};
 use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
 use crate::quant::k_quants::{
-    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET,
-    Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, scale_min_pairs,
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, K_SCALE_SIZE, Q4_K_QS_OFFSET,
+    Q4_K_SCALES_OFFSET, Q5_K_QH_OFFSET, Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET,
+    Q6_K_SCALES_OFFSET, q4_k_scales_mins,
 };
 use crate::quant::k_quants_small::{
     BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_D_OFFSET, Q2_K_QS_OFFSET, Q3_K_QS_OFFSET, q3_k_scales,
@@ -33,19 +37,47 @@ unsafe fn dot_chunks<const BYTES: usize, const T: usize, P>(
     w: &[u8],
     xs: [&[f32]; T],
     prepare: impl Fn(&[u8; BYTES]) -> P,
-    chunk: impl Fn(&[u8; BYTES], &P, usize) -> ([__m256; 4], __m256),
+    chunk: impl Fn(&[u8; BYTES], &P, usize) -> Chunk,
+) -> [f32; T] {
+    // SAFETY: same features and row length (the caller's contract).
+    unsafe {
+        dot_chunk_pairs::<BYTES, T, P>(
+            w,
+            xs,
+            prepare,
+            #[inline(always)]
+            |block, prepared, c| [chunk(block, prepared, c), chunk(block, prepared, c + 1)],
+        )
+    }
+}
+
+/// A chunk's 32 values as 4 × 8 floats, and the scale of their dot with `x`.
+type Chunk = ([__m256; 4], __m256);
+
+/// [`dot_chunks`] with chunks `c` and `c + 1` (`c` even) given by one call of `pair`, for
+/// the types whose two chunks come from the same bytes.
+///
+/// # Safety
+/// As [`dot_chunks`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_chunk_pairs<const BYTES: usize, const T: usize, P>(
+    w: &[u8],
+    xs: [&[f32]; T],
+    prepare: impl Fn(&[u8; BYTES]) -> P,
+    pair: impl Fn(&[u8; BYTES], &P, usize) -> [Chunk; 2],
 ) -> [f32; T] {
     let mut totals = [[_mm256_setzero_ps(); T]; 2];
     let (blocks, _) = w.as_chunks::<BYTES>();
     for (i, block) in blocks.iter().enumerate() {
         let prepared = prepare(block);
         for c in (0..8).step_by(2) {
-            let (q, scale) = chunk(block, &prepared, c);
-            // SAFETY: (8i + c)·32 + 32 <= x.len() by the row length.
-            unsafe { accumulate_block(&mut totals[0], &q, scale, &xs, 8 * i + c) };
-            let (q, scale) = chunk(block, &prepared, c + 1);
-            // SAFETY: as above, for chunk c + 1 < 8.
-            unsafe { accumulate_block(&mut totals[1], &q, scale, &xs, 8 * i + c + 1) };
+            let [(q0, scale0), (q1, scale1)] = pair(block, &prepared, c);
+            // SAFETY: (8i + c + 1)·32 + 32 <= x.len() by the row length.
+            unsafe {
+                accumulate_block(&mut totals[0], &q0, scale0, &xs, 8 * i + c);
+                accumulate_block(&mut totals[1], &q1, scale1, &xs, 8 * i + c + 1);
+            }
         }
     }
     finish(totals)
@@ -88,14 +120,76 @@ fn two_bits(v: __m256i, j: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn scale_min(q: [__m256; 4], halves: [(f32, f32); 2]) -> [__m256; 4] {
-    let (d0, m0) = (_mm256_set1_ps(halves[0].0), _mm256_set1_ps(halves[0].1));
-    let (d1, m1) = (_mm256_set1_ps(halves[1].0), _mm256_set1_ps(halves[1].1));
+    let [(d0, m0), (d1, m1)] = halves;
+    scale_min_lanes(
+        q,
+        [
+            (_mm256_set1_ps(d0), _mm256_set1_ps(m0)),
+            (_mm256_set1_ps(d1), _mm256_set1_ps(m1)),
+        ],
+    )
+}
+
+/// [`scale_min`] with each half's `d` and `m` already in every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn scale_min_lanes(q: [__m256; 4], halves: [(__m256, __m256); 2]) -> [__m256; 4] {
+    let [(d0, m0), (d1, m1)] = halves;
     [
         _mm256_fmsub_ps(d0, q[0], m0),
         _mm256_fmsub_ps(d0, q[1], m0),
         _mm256_fmsub_ps(d1, q[2], m1),
         _mm256_fmsub_ps(d1, q[3], m1),
     ]
+}
+
+/// The sub-block scales of a Q4_K or Q5_K block as `(d·sc, dmin·m)` per sub-block, as
+/// [`crate::quant::k_quants::scale_min_pairs`] gives them (the same products of the same
+/// values, so the same bits): `d` and `dmin` converted together, the 6-bit scales and
+/// minimums unpacked four to a word, each set multiplied in one register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_mins(block: &[u8]) -> ScalesMins {
+    let packed: &[u8; K_SCALE_SIZE] = (block[Q4_K_SCALES_OFFSET..][..K_SCALE_SIZE])
+        .try_into()
+        .expect("12 scale bytes");
+    let (sc, m) = q4_k_scales_mins(packed);
+    let d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+        block[0], block[1], block[2], block[3],
+    ])));
+    let d = _mm256_broadcastss_ps(d_dmin);
+    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));
+    ScalesMins {
+        scales: _mm256_mul_ps(d, bytes_as_floats(sc)),
+        mins: _mm256_mul_ps(dmin, bytes_as_floats(m)),
+    }
+}
+
+/// The 8 bytes of `bytes` (little-endian) as 8 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn bytes_as_floats(bytes: u64) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64)))
+}
+
+/// A Q4_K or Q5_K block's `d·sc` and `dmin·m`, sub-block `j` in lane `j`.
+#[derive(Clone, Copy)]
+struct ScalesMins {
+    scales: __m256,
+    mins: __m256,
+}
+
+impl ScalesMins {
+    /// Sub-block `j`'s scale and minimum, each in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn pair(&self, j: usize) -> (__m256, __m256) {
+        let lane = _mm256_set1_epi32(j as i32);
+        (
+            _mm256_permutevar8x32_ps(self.scales, lane),
+            _mm256_permutevar8x32_ps(self.mins, lane),
+        )
+    }
 }
 
 /// Q5_K row: the Q4_K layout plus a fifth bit per quant; value = (d·sc)·q − dmin·m.
@@ -113,7 +207,7 @@ pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
             w,
             xs,
             #[inline(always)]
-            |block| (scale_min_pairs(block), load32(block, Q5_K_QH_OFFSET)),
+            |block| (scales_mins(block), load32(block, Q5_K_QH_OFFSET)),
             // Chunk c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..], bit c of qh.
             #[inline(always)]
             |block, (pairs, qh), c| {
@@ -124,7 +218,7 @@ pub unsafe fn dot_q5_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
                 };
                 let high = _mm256_and_si256(bit_set(*qh, c), four);
                 let q = _mm256_or_si256(_mm256_and_si256(nibbles, low), high);
-                (scale_min(widen_256(q), [pairs[c]; 2]), one)
+                (scale_min_lanes(widen_256(q), [pairs.pair(c); 2]), one)
             },
         )
     }
@@ -141,24 +235,49 @@ pub unsafe fn dot_q4_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
     let (one, low) = (_mm256_set1_ps(1.0), _mm256_set1_epi8(0x0f));
     // SAFETY: same features and row length (the caller's contract).
     unsafe {
-        dot_chunks::<BLOCK_Q4_K_BYTES, T, _>(
+        dot_chunk_pairs::<BLOCK_Q4_K_BYTES, T, _>(
             w,
             xs,
             #[inline(always)]
-            |block| scale_min_pairs(block),
-            // Chunk c: the low (c even) or high (c odd) nibbles of qs[32·(c/2)..].
+            |block| scales_mins(block),
+            // Chunks c and c + 1: the low and the high nibbles of qs[32·(c/2)..].
             #[inline(always)]
             |block, pairs, c| {
-                let nibbles = load32(block, Q4_K_QS_OFFSET + 32 * (c / 2));
-                let nibbles = match c % 2 {
-                    0 => nibbles,
-                    _ => _mm256_srli_epi16::<4>(nibbles),
+                let at = Q4_K_QS_OFFSET + 16 * c;
+                let [lo, hi] = if T == 1 {
+                    nibbles_as_floats(block, at)
+                } else {
+                    let nibbles = load32(block, at);
+                    let high = _mm256_srli_epi16::<4>(nibbles);
+                    [
+                        widen_256(_mm256_and_si256(nibbles, low)),
+                        widen_256(_mm256_and_si256(high, low)),
+                    ]
                 };
-                let q = _mm256_and_si256(nibbles, low);
-                (scale_min(widen_256(q), [pairs[c]; 2]), one)
+                [
+                    (scale_min_lanes(lo, [pairs.pair(c); 2]), one),
+                    (scale_min_lanes(hi, [pairs.pair(c + 1); 2]), one),
+                ]
             },
         )
     }
+}
+
+/// The low and the high nibbles of the 32 bytes at `block[at..]` as 4 × 8 floats each, in
+/// byte order: each 8 bytes are widened to words as they are loaded and both nibbles taken
+/// from the words (four widenings for 64 values, no byte shuffles), as
+/// [`super::unpack_nibbles`] does for one vector.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn nibbles_as_floats(block: &[u8], at: usize) -> [[__m256; 4]; 2] {
+    let mask = _mm256_set1_epi32(0x0f);
+    let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+    for k in 0..4 {
+        let words = _mm256_cvtepu8_epi32(load8_bytes(block, at + 8 * k));
+        lo[k] = _mm256_cvtepi32_ps(_mm256_and_si256(words, mask));
+        hi[k] = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(words));
+    }
+    [lo, hi]
 }
 
 /// Q6_K row: value = (d·sc)·(q − 32) with 6-bit `q` (4 low bits from `ql`, 2 high bits from
