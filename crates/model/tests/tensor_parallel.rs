@@ -242,13 +242,17 @@ fn quantized_gguf_at_tp2_keeps_block_aligned_slices() {
 /// largest magnitude (about what Q8_0 weights change in `exact`).
 #[test]
 fn fast_precision_is_tp_invariant_on_block_aligned_splits() {
-    // llama-kquant's 256-value blocks do not split at tp 2: its fast run is checked at
-    // tp 1 only (against itself there: tp 2 would compare the f32 fallback's sums).
+    // llama-kquant's 256-value blocks do not split at tp 2, nor do llama-presets' hidden
+    // 288 (o's columns) at tp 2 or its intermediate 256 (down's) at tp 3: their fast runs
+    // are checked at tp 1 only (against themselves there: a split would compare the f32
+    // fallback's sums). The presets' Q5_0 and Q5_1 fallbacks run `fast`'s Q5 kernels.
     let cases = [
         ("llama-gqa", "Q8_0", 2),
         ("llama-gqa", "Q4_0", 2),
         ("llama-gqa", "Q4_1", 2),
         ("llama-kquant", "Q4_K", 1),
+        ("llama-presets", "Q4_K_M", 1),
+        ("llama-presets", "Q5_K_M", 1),
     ];
     for (model, variant, tp) in cases {
         let prompts = expected(model).prompts;

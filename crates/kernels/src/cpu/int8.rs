@@ -1,6 +1,6 @@
 //! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
 //! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
-//! with it in integers. For Q8_0, Q4_0, Q4_1 and Q4_K weights (Q4_K's 32-value
+//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights (Q4_K's 32-value
 //! sub-blocks are the activation blocks, each with its own scale and min); other types
 //! keep the exact f32 kernels in `fast` mode.
 //!
@@ -8,10 +8,10 @@
 //! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
 //! block's factor `d_w·d_x` (rounded once, in the sum's type [`Sum`]) and added with one
 //! fused multiply-add into chain [`chain`]`(b)` (`b mod 4`, but for the blocks after the
-//! last whole quad); a row's min terms (Q4_1's `m_w·(d_x·Σq_x)`,
+//! last whole quad); a row's min terms (Q4_1's and Q5_1's `m_w·(d_x·Σq_x)`,
 //! Q4_K's `dmin·m` the same way) go into four chains of their own by the same rule. The
 //! chains add as `(c0 + c2) + (c1 + c3)` ([`add_chains`]), and the mins' total is added to
-//! (Q4_1) or taken from (Q4_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
+//! (Q4_1, Q5_1) or taken from (Q4_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
 //! AVX-512 VNNI (`vpdpbusd`) give the same exact integer sums, so the scalar reference
 //! here, the AVX2 path and the VNNI path agree bit for bit, and a vector's result depends
 //! on nothing but its own values: batch invariant. The blocks are those of the weight's
@@ -132,7 +132,10 @@ impl Sum for f64 {
 
 /// Whether `fast` has an integer kernel for weights of `dtype`.
 pub fn supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4K)
+    matches!(
+        dtype,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K
+    )
 }
 
 /// `n` activation vectors of `cols` values, each 32-value block as 32 × i8 with an f32
@@ -304,7 +307,7 @@ impl Q8Acts {
         let n = self.len();
         if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
             return Err(KernelError::ByteLength {
-                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1 or Q4_K, whole rows)",
+                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q4_K, whole rows)",
                 expected: row_bytes,
                 actual: rows.len(),
             });
@@ -388,10 +391,14 @@ impl Kernels {
                 (DType::Q8_0, true, _) => pick!(dot_q8_0_vnni),
                 (DType::Q4_0, true, _) => pick!(dot_q4_0_vnni),
                 (DType::Q4_1, true, _) => pick!(dot_q4_1_vnni),
+                (DType::Q5_0, true, _) => pick!(dot_q5_0_vnni),
+                (DType::Q5_1, true, _) => pick!(dot_q5_1_vnni),
                 (DType::Q4K, true, _) => pick!(dot_q4_k_vnni),
                 (DType::Q8_0, _, true) => pick!(dot_q8_0),
                 (DType::Q4_0, _, true) => pick!(dot_q4_0),
                 (DType::Q4_1, _, true) => pick!(dot_q4_1),
+                (DType::Q5_0, _, true) => pick!(dot_q5_0),
+                (DType::Q5_1, _, true) => pick!(dot_q5_1),
                 (DType::Q4K, _, true) => pick!(dot_q4_k),
                 _ => None,
             };
@@ -467,7 +474,7 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
     let expected = x.d.len() * BLOCK / values * bytes;
     if !supports(dtype) || row.len() != expected || !(x.d.len() * BLOCK).is_multiple_of(values) {
         return Err(KernelError::ByteLength {
-            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1 or Q4_K)",
+            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q4_K)",
             expected,
             actual: row.len(),
         });
@@ -491,14 +498,15 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
     }
     let (total, mins) = (add_chains(chains), add_chains(mins));
     Ok(match dtype {
-        DType::Q4_1 => total + mins,
+        DType::Q4_1 | DType::Q5_1 => total + mins,
         DType::Q4K => total - mins,
         _ => total,
     })
 }
 
 /// Sub-block `j` (32 values) of a weight block: its integer values, its scale and the
-/// factor of its min term, if it has one: Q4_1's `m` (added), Q4_K's `dmin·m` (taken away).
+/// factor of its min term, if it has one: Q4_1's and Q5_1's `m` (added), Q4_K's `dmin·m`
+/// (taken away).
 fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f32>) {
     let d = f16_le_to_f32([block[0], block[1]]);
     let nibble = |qs: &[u8], i: usize| i32::from(if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 });
@@ -512,6 +520,18 @@ fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f3
         DType::Q4_1 => {
             let m = f16_le_to_f32([block[2], block[3]]);
             (std::array::from_fn(|i| nibble(&block[4..], i)), d, Some(m))
+        }
+        // The fifth bit of value i is bit i of the little-endian word before the nibbles.
+        DType::Q5_0 => {
+            let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let q = |i: usize| nibble(&block[6..], i) | (((high >> i) & 1) << 4) as i32;
+            (std::array::from_fn(|i| q(i) - 16), d, None)
+        }
+        DType::Q5_1 => {
+            let m = f16_le_to_f32([block[2], block[3]]);
+            let high = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
+            let q = |i: usize| nibble(&block[8..], i) | (((high >> i) & 1) << 4) as i32;
+            (std::array::from_fn(q), d, Some(m))
         }
         _ => {
             // Q4_K: sub-blocks 2c and 2c + 1 are the low and high nibbles of 32 bytes.

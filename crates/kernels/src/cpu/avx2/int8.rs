@@ -506,6 +506,30 @@ int8_kernels!(
 );
 
 int8_kernels!(
+    /// Q5_0 row (f16 d, 32 fifth bits, 16 bytes of nibbles; value q − 16) with 8-bit
+    /// activations.
+    dot_q5_0, dot_q5_0_vnni, Mins::None, |w| w.len() / 22, |b| {
+        let block = w.as_ptr().add(b * 22);
+        let q = _mm256_or_si256(nibbles(block.add(6)), fifth_bits(block.add(2)));
+        let values = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
+    },
+    |q| (f16x4(w.as_ptr().add(q * 22), 22), _mm_setzero_ps())
+);
+
+int8_kernels!(
+    /// Q5_1 row (f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles; value d·q + m) with
+    /// 8-bit activations.
+    dot_q5_1, dot_q5_1_vnni, Mins::Add, |w| w.len() / 24, |b| {
+        let block = w.as_ptr().add(b * 24);
+        let values = _mm256_or_si256(nibbles(block.add(8)), fifth_bits(block.add(4)));
+        let (scale, min) = (f16_at(block), f16_at(block.add(2)));
+        Sub { values, signed: false, scale, min }
+    },
+    |q| f16_pairs_x4(w.as_ptr().add(q * 24), 24)
+);
+
+int8_kernels!(
     /// Q4_K row (256 values per block: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales
     /// and mins, 128 bytes of nibbles; value `(d·sc)·q − dmin·m`) with 8-bit activations:
     /// sub-blocks 2c and 2c + 1 are the low and high nibbles of the c-th 32 bytes.

@@ -4,7 +4,14 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::quant;
 
-const TYPES: [DType; 4] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K];
+const TYPES: [DType; 6] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4K,
+];
 
 /// `rows` random rows of `cols` values of `dtype`: random bytes, with every block's f16
 /// scale (and Q4_1 min, Q4_K dmin) set to a finite value.
@@ -13,7 +20,7 @@ fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<
     let blocks = rows * cols / dtype.block_elems();
     let mut data: Vec<u8> = (0..blocks * bytes).map(|_| rng.random()).collect();
     for block in data.chunks_exact_mut(bytes) {
-        let scales = if matches!(dtype, DType::Q4_1 | DType::Q4K) {
+        let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K) {
             2
         } else {
             1

@@ -30,6 +30,32 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
+/// The fifth bits of a Q5_0 or Q5_1 block as 32 bytes: byte `i` is 0x10 where bit `i` of
+/// the little-endian word at `p` is set, else 0 (to be or'ed into [`nibbles`]).
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    // SAFETY: the caller's range.
+    let word = unsafe { p.cast::<i32>().read_unaligned() };
+    // Byte i takes byte i / 8 of the word (each 128-bit half shuffles on its own), and
+    // `bits` picks bit i mod 8 of it.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(word),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
 /// The little-endian f16 at `p`, converted with F16C.
 ///
 /// # Safety
