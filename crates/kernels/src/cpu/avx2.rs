@@ -95,14 +95,28 @@ fn unpack_nibbles<const T: usize>(block: &[u8], at: usize, offset: i8) -> [__m25
         return widen_32(_mm_sub_epi8(lo, offset), _mm_sub_epi8(hi, offset));
     }
     let offset = _mm256_set1_epi32(i32::from(offset));
+    let [a, b, c, d] = nibble_words(block, at);
+    [
+        words_minus(a, offset),
+        words_minus(b, offset),
+        words_minus(c, offset),
+        words_minus(d, offset),
+    ]
+}
+
+/// The 32 nibbles of the 16 bytes at `block[at..]` as 4 × 8 words, values 0..32 in order
+/// (low nibbles first): each half of the bytes widened to words as it is loaded.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn nibble_words(block: &[u8], at: usize) -> [__m256i; 4] {
     let first = _mm256_cvtepu8_epi32(load8_bytes(block, at));
     let second = _mm256_cvtepu8_epi32(load8_bytes(block, at + 8));
     let mask = _mm256_set1_epi32(0x0f);
     [
-        words_minus(_mm256_and_si256(first, mask), offset),
-        words_minus(_mm256_and_si256(second, mask), offset),
-        words_minus(_mm256_srli_epi32::<4>(first), offset),
-        words_minus(_mm256_srli_epi32::<4>(second), offset),
+        _mm256_and_si256(first, mask),
+        _mm256_and_si256(second, mask),
+        _mm256_srli_epi32::<4>(first),
+        _mm256_srli_epi32::<4>(second),
     ]
 }
 
@@ -448,7 +462,6 @@ unsafe fn add_min_terms<const BYTES: usize, const T: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
-    let sixteen = _mm_set1_epi8(16);
     // SAFETY: same features and row length (the caller's contract).
     unsafe {
         dot_scaled_blocks::<22, T>(
@@ -456,7 +469,13 @@ pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
             xs,
             None,
             #[inline(always)]
-            |block| unpack_q5(block, 2, sixteen),
+            |block| {
+                if T == 1 {
+                    unpack_q5_words(block, 2, 16)
+                } else {
+                    unpack_q5(block, 2, 16)
+                }
+            },
         )
     }
 }
@@ -470,7 +489,6 @@ pub unsafe fn dot_q5_0<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32]; T]) -> [f32; T] {
-    let zero = _mm_setzero_si128();
     // SAFETY: same features, row length and sums (the caller's contract).
     unsafe {
         dot_min_blocks::<24, T>(
@@ -478,7 +496,13 @@ pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32];
             xs,
             sums,
             #[inline(always)]
-            |block| unpack_q5(block, 4, zero),
+            |block| {
+                if T == 1 {
+                    unpack_q5_words(block, 4, 0)
+                } else {
+                    unpack_q5(block, 4, 0)
+                }
+            },
         )
     }
 }
@@ -487,19 +511,56 @@ pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32];
 /// `block[qh_at..]` and 16 bytes of nibbles right after it.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn unpack_q5(block: &[u8], qh_at: usize, offset: __m128i) -> [__m256; 4] {
-    let qh = u32::from_le_bytes([
-        block[qh_at],
-        block[qh_at + 1],
-        block[qh_at + 2],
-        block[qh_at + 3],
-    ]);
+fn unpack_q5(block: &[u8], qh_at: usize, offset: i8) -> [__m256; 4] {
     let (lo, hi) = split_nibbles(load16(block, qh_at + 4));
-    let (bit_lo, bit_hi) = high_bits_32(qh);
+    let (bit_lo, bit_hi) = high_bits_32(high_word(block, qh_at));
+    let offset = _mm_set1_epi8(offset);
     widen_32(
         _mm_sub_epi8(_mm_or_si128(lo, bit_lo), offset),
         _mm_sub_epi8(_mm_or_si128(hi, bit_hi), offset),
     )
+}
+
+/// The little-endian word at `block[at..at + 4]`.
+#[inline]
+fn high_word(block: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
+}
+
+/// [`unpack_q5`] for the one-vector kernels, as [`unpack_nibbles`] does: the nibbles as
+/// words, and each value's fifth bit shifted into its word from the broadcast high-bit
+/// word, with no byte shuffles. The same values; the group kernels keep the byte form, as
+/// they do for Q4_0 and Q4_1.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn unpack_q5_words(block: &[u8], qh_at: usize, offset: i8) -> [__m256; 4] {
+    let [a, b, c, d] = nibble_words(block, qh_at + 4);
+    // Value 8r + k's bit moved to bit 4 of lane k: values 0..8 from the word shifted up by
+    // 4 (its top bits are not needed there), the others shifted down by 8r + k − 4.
+    let word = _mm256_set1_epi32(high_word(block, qh_at) as i32);
+    let bits = [
+        bit_4(
+            _mm256_slli_epi32::<4>(word),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ),
+        bit_4(word, _mm256_setr_epi32(4, 5, 6, 7, 8, 9, 10, 11)),
+        bit_4(word, _mm256_setr_epi32(12, 13, 14, 15, 16, 17, 18, 19)),
+        bit_4(word, _mm256_setr_epi32(20, 21, 22, 23, 24, 25, 26, 27)),
+    ];
+    let offset = _mm256_set1_epi32(i32::from(offset));
+    [
+        words_minus(_mm256_or_si256(a, bits[0]), offset),
+        words_minus(_mm256_or_si256(b, bits[1]), offset),
+        words_minus(_mm256_or_si256(c, bits[2]), offset),
+        words_minus(_mm256_or_si256(d, bits[3]), offset),
+    ]
+}
+
+/// Bit 4 (0x10) of each word of `v` shifted down by its lane's `shifts`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn bit_4(v: __m256i, shifts: __m256i) -> __m256i {
+    _mm256_and_si256(_mm256_srlv_epi32(v, shifts), _mm256_set1_epi32(16))
 }
 
 /// IQ4_NL row: blocks of (f16 d, 16 bytes of level indices); value = d·LEVELS[q].
