@@ -45,6 +45,20 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
+/// The two little-endian f16s at `bytes[at..at + 4]` (a block's `d` and `m`, or `d` and
+/// `dmin`), converted together with F16C: lanes 0 and 1.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16_pair(bytes: &[u8], at: usize) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(le_word(bytes, at) as i32))
+}
+
+/// The little-endian word at `bytes[at..at + 4]`.
+#[inline]
+fn le_word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
 /// Loads 8 floats from `x[at..at + 8]`.
 ///
 /// # Safety
@@ -84,8 +98,9 @@ unsafe fn block_dot(q: &[__m256; 4], x: &[f32], xb: usize) -> __m256 {
 /// For one vector (`T = 1`), each half of the bytes is widened to 8 words as it is loaded
 /// and the nibbles are taken from the words: two widenings instead of four, and no byte
 /// shuffles. That made the Q4_1 matvec about a sixth faster at one thread. The kernels for
-/// groups of vectors got slower with it (a 46-token prefill ran at half the speed), so
-/// they split the nibbles in registers as before. The values are the same either way.
+/// groups of vectors got slower with it (a 46-token Q4_1 prefill at one thread: 168 → 155
+/// tok/s, medians of 5 alternating runs), so they split the nibbles in registers as
+/// before. The values are the same either way.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn unpack_nibbles<const T: usize>(block: &[u8], at: usize, offset: i8) -> [__m256; 4] {
@@ -289,10 +304,7 @@ unsafe fn dot_scaled_blocks<const BYTES: usize, const T: usize>(
                 unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
                 return;
             };
-            // d and m converted together.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-                block[0], block[1], block[2], block[3],
-            ])));
+            let dm = f16_pair(block, 0);
             let d = _mm256_broadcastss_ps(dm);
             // SAFETY: as above.
             unsafe { accumulate_block(&mut totals[parity], &q, d, &xs, b) };
@@ -513,18 +525,12 @@ pub unsafe fn dot_q5_1<const T: usize>(w: &[u8], xs: [&[f32]; T], sums: [&[f32];
 #[target_feature(enable = "avx2,fma")]
 fn unpack_q5(block: &[u8], qh_at: usize, offset: i8) -> [__m256; 4] {
     let (lo, hi) = split_nibbles(load16(block, qh_at + 4));
-    let (bit_lo, bit_hi) = high_bits_32(high_word(block, qh_at));
+    let (bit_lo, bit_hi) = high_bits_32(le_word(block, qh_at));
     let offset = _mm_set1_epi8(offset);
     widen_32(
         _mm_sub_epi8(_mm_or_si128(lo, bit_lo), offset),
         _mm_sub_epi8(_mm_or_si128(hi, bit_hi), offset),
     )
-}
-
-/// The little-endian word at `block[at..at + 4]`.
-#[inline]
-fn high_word(block: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
 }
 
 /// [`unpack_q5`] for the one-vector kernels, as [`unpack_nibbles`] does: the nibbles as
@@ -537,7 +543,7 @@ fn unpack_q5_words(block: &[u8], qh_at: usize, offset: i8) -> [__m256; 4] {
     let [a, b, c, d] = nibble_words(block, qh_at + 4);
     // Value 8r + k's bit moved to bit 4 of lane k: values 0..8 from the word shifted up by
     // 4 (its top bits are not needed there), the others shifted down by 8r + k − 4.
-    let word = _mm256_set1_epi32(high_word(block, qh_at) as i32);
+    let word = _mm256_set1_epi32(le_word(block, qh_at) as i32);
     let bits = [
         bit_4(
             _mm256_slli_epi32::<4>(word),

@@ -11,8 +11,8 @@
 use std::arch::x86_64::*;
 
 use super::{
-    accumulate_block, f16_at, finish, iq4_table, load8_bytes, load16, unpack_iq4, widen_32,
-    widen_i8,
+    accumulate_block, f16_at, f16_pair, finish, iq4_table, load16, nibble_words, unpack_iq4,
+    widen_32, widen_i8,
 };
 use crate::quant::iq4::{BLOCK_IQ4_XS_BYTES, IQ4_XS_QS_OFFSET, iq4_xs_scale};
 use crate::quant::k_quants::{
@@ -154,9 +154,7 @@ fn scales_mins(block: &[u8]) -> ScalesMins {
         .try_into()
         .expect("12 scale bytes");
     let (sc, m) = q4_k_scales_mins(packed);
-    let d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
-        block[0], block[1], block[2], block[3],
-    ])));
+    let d_dmin = f16_pair(block, 0);
     let d = _mm256_broadcastss_ps(d_dmin);
     let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));
     ScalesMins {
@@ -264,20 +262,20 @@ pub unsafe fn dot_q4_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 }
 
 /// The low and the high nibbles of the 32 bytes at `block[at..]` as 4 × 8 floats each, in
-/// byte order: each 8 bytes are widened to words as they are loaded and both nibbles taken
-/// from the words (four widenings for 64 values, no byte shuffles), as
-/// [`super::unpack_nibbles`] does for one vector.
+/// byte order: [`super::nibble_words`] of each 16 bytes (no byte shuffles), as
+/// [`super::unpack_nibbles`] takes them for one vector.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn nibbles_as_floats(block: &[u8], at: usize) -> [[__m256; 4]; 2] {
-    let mask = _mm256_set1_epi32(0x0f);
-    let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+    let [a0, b0, c0, d0] = nibble_words(block, at);
+    let [a1, b1, c1, d1] = nibble_words(block, at + 16);
+    let (lo, hi) = ([a0, b0, a1, b1], [c0, d0, c1, d1]);
+    let mut out = [[_mm256_setzero_ps(); 4]; 2];
     for k in 0..4 {
-        let words = _mm256_cvtepu8_epi32(load8_bytes(block, at + 8 * k));
-        lo[k] = _mm256_cvtepi32_ps(_mm256_and_si256(words, mask));
-        hi[k] = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(words));
+        out[0][k] = _mm256_cvtepi32_ps(lo[k]);
+        out[1][k] = _mm256_cvtepi32_ps(hi[k]);
     }
-    [lo, hi]
+    out
 }
 
 /// Q6_K row: value = (d·sc)·(q − 32) with 6-bit `q` (4 low bits from `ql`, 2 high bits from
