@@ -102,7 +102,7 @@ pub fn paged_attention(
     out.par_chunks_mut(hd)
         .zip(q.par_chunks(hd))
         .enumerate()
-        .for_each_init(Vec::new, |scores, (i, (o, qh))| {
+        .for_each(|(i, (o, qh))| {
             let (t, h) = (i / heads, i % heads);
             let head = Head {
                 q: qh,
@@ -112,8 +112,16 @@ pub fn paged_attention(
                 kv_head: h / group,
                 params,
             };
-            attend_head(&head, scores, o);
+            SCORES.with_borrow_mut(|scores| attend_head(&head, scores, o));
         });
+}
+
+thread_local! {
+    /// Each pool thread's scratch for one head's positions and scores, kept from step to
+    /// step (a decode step runs every head of every layer): as long as the longest context
+    /// this thread has attended over.
+    static SCORES: std::cell::RefCell<Vec<(usize, f32)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One query head's attention: the query, the pools, the sequence's block table, the

@@ -3,7 +3,7 @@
 use crate::DType;
 
 /// A kernel refused its inputs.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KernelError {
     #[error("a row of {cols} {dtype} values is not a whole number of {block_elems}-value blocks")]
     PartialBlock {

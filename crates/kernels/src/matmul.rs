@@ -256,25 +256,18 @@ pub fn matmul_input(w: &MatRef<'_>, x: &Input<'_>, ys: &mut [f32]) -> Result<(),
 /// [`matmul_input`] of one input with several matrices (a layer's q, k and v; gate and
 /// up): `ys[i] = ws[i]·x`, the same bits as one matmul at a time. For one vector (decode)
 /// the matrices' rows are split across the pool together, so the pool synchronizes once
-/// for all of them instead of once per matrix.
-pub fn matmul_input_many(
-    ws: &[MatRef<'_>],
+/// for all of them instead of once per matrix; nothing is allocated for it.
+pub fn matmul_input_many<const N: usize>(
+    ws: &[MatRef<'_>; N],
     x: &Input<'_>,
-    ys: &mut [&mut [f32]],
+    ys: [&mut [f32]; N],
 ) -> Result<(), KernelError> {
-    if ws.len() != ys.len() {
-        return Err(KernelError::Length {
-            what: "matmul outputs (one per matrix)",
-            expected: ws.len(),
-            actual: ys.len(),
-        });
-    }
     let mut single = true;
     for (w, y) in ws.iter().zip(ys.iter()) {
         single &= check_lengths(w, x.xs, y)? == 1;
     }
     if !single {
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        for (w, y) in ws.iter().zip(ys) {
             matmul_input(w, x, y)?;
         }
         return Ok(());
@@ -284,32 +277,42 @@ pub fn matmul_input_many(
         Int8(&'a Q8Acts),
         Float(BatchDot<'a>),
     }
-    let dots = (ws.iter())
-        .map(|w| match x.quantizes(w) {
-            true => x.quantized(w.cols).map(Dots::Int8),
-            false => BatchDot::new(x.xs, w.cols, w.dtype).map(Dots::Float),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let dots = ws.each_ref().map(|w| match x.quantizes(w) {
+        true => x.quantized(w.cols).map(Dots::Int8),
+        false => BatchDot::new(x.xs, w.cols, w.dtype).map(Dots::Float),
+    });
+    if let Some(Err(e)) = dots.iter().find(|d| d.is_err()) {
+        return Err(e.clone());
+    }
     let rows: usize = ws.iter().map(|w| w.rows).sum();
     let per_task = rows
         .div_ceil(rayon::current_num_threads())
         .max(MIN_ROWS_PER_TASK);
-    // Each matrix's rows in runs of `per_task` (the last one shorter): one task each.
-    let mut tasks = Vec::new();
-    for (m, y) in ys.iter_mut().enumerate() {
-        for (run, out) in y.chunks_mut(per_task).enumerate() {
-            tasks.push((m, run * per_task, out));
-        }
-    }
-    tasks.into_par_iter().try_for_each(|(m, first, out)| {
-        let w = &ws[m];
-        let row_bytes = w.dtype.row_bytes(w.cols)?;
-        let rows = &w.data[first * row_bytes..(first + out.len()) * row_bytes];
-        match &dots[m] {
-            Dots::Int8(acts) => acts.dot_rows(w.dtype, rows, 0, 1, out),
-            Dots::Float(dots) => dots.dot_rows(rows, 0, 1, out),
-        }
-    })
+    // Each matrix's rows in runs of `per_task` (the last one shorter): one task each,
+    // numbered matrix after matrix.
+    let runs = ws.map(|w| w.rows.div_ceil(per_task));
+    let outs = ys.map(|y| Scatter(y.as_mut_ptr()));
+    (0..runs.iter().sum::<usize>())
+        .into_par_iter()
+        .try_for_each(|mut task| {
+            let mut m = 0;
+            while task >= runs[m] {
+                task -= runs[m];
+                m += 1;
+            }
+            let w = &ws[m];
+            let (first, end) = (task * per_task, ((task + 1) * per_task).min(w.rows));
+            // SAFETY: `ys[m]` holds `w.rows` values (checked above, one vector), and each
+            // task writes its own run of them.
+            let out = unsafe { std::slice::from_raw_parts_mut(outs[m].at(first), end - first) };
+            let row_bytes = w.dtype.row_bytes(w.cols)?;
+            let rows = &w.data[first * row_bytes..end * row_bytes];
+            match &dots[m] {
+                Ok(Dots::Int8(acts)) => acts.dot_rows(w.dtype, rows, 0, 1, out),
+                Ok(Dots::Float(dots)) => dots.dot_rows(rows, 0, 1, out),
+                Err(e) => Err(e.clone()),
+            }
+        })
 }
 
 /// [`matmul_input`] in the 8-bit path, summed in f64 ([`int8::Sum`]): this rank's part of

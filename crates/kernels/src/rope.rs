@@ -158,9 +158,20 @@ impl Rope {
     /// cos/sin tables for `positions`, where `lengths[t]` is the length of position `t`'s
     /// sequence at the end of this forward call: LongRoPE picks its frequencies by it.
     pub fn tables_in(&self, positions: &[usize], lengths: &[usize]) -> RopeTables {
+        let mut tables = RopeTables::default();
+        self.fill_tables(positions, lengths, &mut tables);
+        tables
+    }
+
+    /// [`Rope::tables_in`] into `tables`, reusing its buffers.
+    pub fn fill_tables(&self, positions: &[usize], lengths: &[usize], tables: &mut RopeTables) {
         let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
+        tables.half = half;
+        let RopeTables { cos, sin, .. } = tables;
+        cos.clear();
+        sin.clear();
+        cos.reserve(positions.len() * half);
+        sin.reserve(positions.len() * half);
         let scale = self.attention_factor;
         for (&p, &len) in positions.iter().zip(lengths) {
             let freqs = match &self.long {
@@ -173,7 +184,6 @@ impl Rope {
                 sin.push(angle.sin() * scale);
             }
         }
-        RopeTables { half, cos, sin }
     }
 
     /// Rotates every head in `heads` (a multiple of `head_dim` values) for the `t`-th

@@ -30,16 +30,16 @@ fn several_matmuls_of_one_input_give_each_ones_bits() {
     let data: Vec<Vec<u8>> = (shapes.iter())
         .map(|&(dtype, rows)| common::random_rows(&mut rng, dtype, rows, cols))
         .collect();
-    let ws: Vec<MatRef<'_>> = (shapes.iter().zip(&data))
-        .map(|(&(dtype, rows), data)| MatRef::new(dtype, rows, cols, data).unwrap())
-        .collect();
+    let ws: [MatRef<'_>; 3] = std::array::from_fn(|i| {
+        let (dtype, rows) = shapes[i];
+        MatRef::new(dtype, rows, cols, &data[i]).unwrap()
+    });
     for precision in [Precision::Exact, Precision::Fast] {
         for n in [1, 3] {
             let xs: Vec<f32> = (0..n * cols).map(|_| rng.random_range(-2.0..2.0)).collect();
             let input = Input::new(&xs, precision);
-            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows()]).collect();
-            let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-            matmul_input_many(&ws, &input, &mut slices).unwrap();
+            let mut outs = ws.map(|w| vec![f32::NAN; n * w.rows()]);
+            matmul_input_many(&ws, &input, outs.each_mut().map(|o| &mut o[..])).unwrap();
             for (w, got) in ws.iter().zip(&outs) {
                 let mut want = vec![f32::NAN; n * w.rows()];
                 matmul_input(w, &input, &mut want).unwrap();
@@ -51,8 +51,9 @@ fn several_matmuls_of_one_input_give_each_ones_bits() {
                     w.dtype()
                 );
             }
-            let mut short: Vec<&mut [f32]> = Vec::new();
-            assert!(matmul_input_many(&ws, &input, &mut short).is_err());
+            let mut short = ws.map(|w| vec![0.0; n * w.rows() - 1]);
+            let short = short.each_mut().map(|o| &mut o[..]);
+            assert!(matmul_input_many(&ws, &input, short).is_err());
         }
     }
 }

@@ -28,11 +28,24 @@ impl BatchIndex {
     /// The index of `batch` after checking it: at least one token, every token inside a
     /// vocabulary of `vocab`, every block table covering its positions inside a cache of
     /// `blocks` blocks of `block_size` positions.
+    #[cfg(feature = "cuda")]
     pub(crate) fn checked(
         batch: &[SeqChunk<'_>],
         vocab: usize,
-        (block_size, blocks): (usize, usize),
+        cache: (usize, usize),
     ) -> Result<BatchIndex, ModelError> {
+        let mut ix = BatchIndex::default();
+        ix.check_and_fill(batch, vocab, cache)?;
+        Ok(ix)
+    }
+
+    /// [`BatchIndex::checked`] into this index's arrays, reusing them.
+    pub(crate) fn check_and_fill(
+        &mut self,
+        batch: &[SeqChunk<'_>],
+        vocab: usize,
+        (block_size, blocks): (usize, usize),
+    ) -> Result<(), ModelError> {
         if batch.iter().all(|c| c.tokens.is_empty()) {
             return Err(ModelError::InvalidRequest {
                 message: "no tokens to run".into(),
@@ -41,19 +54,33 @@ impl BatchIndex {
         for chunk in batch {
             check_chunk(vocab, chunk, (block_size, blocks))?;
         }
-        Ok(BatchIndex::new(batch, block_size))
+        self.fill(batch, block_size);
+        Ok(())
     }
 
     /// The index of `batch`, whose chunks were checked (tokens in the vocabulary, block
     /// tables covering their positions).
+    #[cfg(test)]
     pub(crate) fn new(batch: &[SeqChunk<'_>], block_size: usize) -> BatchIndex {
+        let mut ix = BatchIndex::default();
+        ix.fill(batch, block_size);
+        ix
+    }
+
+    /// [`BatchIndex::new`] into this index's arrays.
+    fn fill(&mut self, batch: &[SeqChunk<'_>], block_size: usize) {
         let blocks_of = |c: &SeqChunk<'_>| (c.start + c.tokens.len()).div_ceil(block_size);
         let max_blocks = batch.iter().map(blocks_of).max().unwrap_or(0).max(1);
-        let mut ix = BatchIndex {
-            max_blocks,
-            tables: vec![0; batch.len() * max_blocks],
-            ..BatchIndex::default()
-        };
+        let ix = self;
+        ix.tokens.clear();
+        ix.positions.clear();
+        ix.slots.clear();
+        ix.query_seq.clear();
+        ix.contexts.clear();
+        ix.wanted.clear();
+        ix.max_blocks = max_blocks;
+        ix.tables.clear();
+        ix.tables.resize(batch.len() * max_blocks, 0);
         for (row, chunk) in batch.iter().enumerate() {
             let used = blocks_of(chunk);
             ix.tables[row * max_blocks..row * max_blocks + used]
@@ -72,7 +99,6 @@ impl BatchIndex {
                 ix.wanted.push(ix.tokens.len() - 1);
             }
         }
-        ix
     }
 
     /// Whether every query is the only token of its sequence in this batch (a decode

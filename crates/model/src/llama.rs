@@ -34,8 +34,9 @@
 
 mod convert;
 mod load;
+mod sharding;
 
-use std::ops::Range;
+use std::sync::Mutex;
 
 use tessera_comm::Collective;
 use tessera_kernels::activation::{gelu_tanh_mul_row, silu_mul_row};
@@ -56,6 +57,7 @@ use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
 use crate::weights::Weight;
 
 pub use load::LoadProgress;
+pub(crate) use sharding::{Sharding, check_kv_layout};
 
 /// A projection with an optional bias.
 #[derive(Debug)]
@@ -74,13 +76,12 @@ impl Linear {
         ys: [&mut Vec<f32>; N],
     ) -> Result<(), ModelError> {
         let ws = linears.map(|l| l.weight.mat());
-        let mut outs = Vec::with_capacity(N);
-        for (l, y) in linears.iter().zip(ys) {
+        let mut ys = ys;
+        for (l, y) in linears.iter().zip(ys.iter_mut()) {
             y.resize(x.len() / l.weight.cols * l.weight.rows, 0.0);
-            outs.push(&mut y[..]);
         }
-        matmul_input_many(&ws, x, &mut outs)?;
-        for (l, y) in linears.iter().zip(outs) {
+        matmul_input_many(&ws, x, ys.each_mut().map(|y| y.as_mut_slice()))?;
+        for (l, y) in linears.iter().zip(ys) {
             l.add_bias(y);
         }
         Ok(())
@@ -148,10 +149,10 @@ pub(crate) struct Layer {
 struct Pass<'a> {
     config: &'a ModelConfig,
     rope: &'a Rope,
-    rope_tables: RopeTables,
-    positions: Vec<usize>,
+    rope_tables: &'a RopeTables,
+    positions: &'a [usize],
     /// Positions each token attends to (causal: its own position + 1).
-    visible: Vec<usize>,
+    visible: &'a [usize],
     /// The block table of each token's sequence.
     tables: Vec<&'a [u32]>,
     /// This rank's query heads and KV heads.
@@ -197,8 +198,8 @@ impl Layer {
             if let Some(w) = &self.k_norm {
                 head_rms_norm(k, w, c.rms_norm_eps);
             }
-            pass.rope.apply(&pass.rope_tables, t, q);
-            pass.rope.apply(&pass.rope_tables, t, k);
+            pass.rope.apply(pass.rope_tables, t, q);
+            pass.rope.apply(pass.rope_tables, t, k);
             cache.write(l, pass.tables[t], pass.positions[t], k, v);
         }
         s.attn.resize(s.q.len(), 0.0);
@@ -207,7 +208,7 @@ impl Layer {
             &s.q,
             &kv,
             &pass.tables,
-            &pass.visible,
+            pass.visible,
             pass.heads,
             &c.block.attention(l),
             &mut s.attn,
@@ -253,15 +254,6 @@ fn post_norm(rows: &mut [f32], norm: Option<&[f32]>, c: &ModelConfig, scratch: &
     }
 }
 
-/// Where a model sits in its tensor-parallel group.
-#[derive(Clone, Debug)]
-pub(crate) struct Sharding {
-    pub(crate) tp: usize,
-    pub(crate) plan: RankPlan,
-    /// Vocabulary rows of every rank, in rank order: how to un-pad the gathered logits.
-    pub(crate) vocab_parts: Vec<Range<usize>>,
-}
-
 /// A loaded Llama-family model: the whole model (tp = 1) or one rank's slice of it.
 #[derive(Debug)]
 pub struct Llama {
@@ -279,7 +271,29 @@ pub struct Llama {
     dequantized: Vec<String>,
     /// How its CPU matmuls treat activations (the GPU path ignores it).
     precision: Precision,
+    /// What the CPU pass keeps from step to step.
+    workspace: Mutex<Workspace>,
 }
+
+/// What a CPU forward pass keeps from one call to the next: its index arrays and
+/// activations, so that a decode step allocates nothing in its layers and kernels. Kept
+/// after steps of up to [`KEPT_TOKENS`] tokens (decode); a longer step's (prefill) is let go.
+#[derive(Debug, Default)]
+struct Workspace {
+    ix: BatchIndex,
+    positions: Vec<usize>,
+    /// Each token's sequence length at the end of the call: LongRoPE picks by it.
+    lengths: Vec<usize>,
+    visible: Vec<usize>,
+    rope: RopeTables,
+    acts: Scratch,
+    /// The final norm of the tokens whose logits are wanted, and their logits on this rank.
+    normed: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+/// The most tokens of a step whose [`Workspace`] is kept for the next one.
+const KEPT_TOKENS: usize = 64;
 
 /// Activations of one forward pass, reused across layers.
 #[derive(Debug, Default)]
@@ -377,33 +391,67 @@ impl Llama {
         cache: &mut KvCache,
         comm: &mut dyn Collective,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Another call running on this model (tests may share one) gets a workspace of its
+        // own rather than waiting.
+        let mut kept = self.workspace.try_lock();
+        let mut own = None;
+        let ws = match kept.as_deref_mut() {
+            Ok(ws) => ws,
+            Err(_) => own.insert(Workspace::default()),
+        };
+        let logits = self.forward_in(batch, cache, comm, ws);
+        if ws.ix.tokens.len() > KEPT_TOKENS || logits.is_err() {
+            *ws = Workspace::default();
+        }
+        logits
+    }
+
+    /// [`Llama::forward_batch`] in `ws`.
+    fn forward_in(
+        &self,
+        batch: &[SeqChunk<'_>],
+        cache: &mut KvCache,
+        comm: &mut dyn Collective,
+        ws: &mut Workspace,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         self.check_group(cache, comm)?;
         let layout = cache.layout();
-        let ix = BatchIndex::checked(batch, c.vocab_size, (layout.block_size, cache.num_blocks()))?;
+        let blocks = (layout.block_size, cache.num_blocks());
+        ws.ix.check_and_fill(batch, c.vocab_size, blocks)?;
+        let Workspace {
+            ix,
+            positions,
+            lengths,
+            visible,
+            rope,
+            acts: s,
+            normed,
+            rows,
+        } = ws;
         let n = ix.tokens.len();
-        let positions: Vec<usize> = ix.positions.iter().map(|&p| p as usize).collect();
-        // Each token's sequence length at the end of this call: LongRoPE picks by it.
-        let lengths: Vec<usize> = (ix.query_seq.iter())
-            .map(|&q| batch[q as usize].start + batch[q as usize].tokens.len())
-            .collect();
-        let visible: Vec<usize> = ix.contexts.iter().map(|&v| v as usize).collect();
-        let tables: Vec<&[u32]> = (ix.query_seq.iter())
-            .map(|&q| batch[q as usize].block_table)
-            .collect();
+        positions.clear();
+        positions.extend(ix.positions.iter().map(|&p| p as usize));
+        lengths.clear();
+        lengths.extend(ix.query_seq.iter().map(|&q| {
+            let chunk = &batch[q as usize];
+            chunk.start + chunk.tokens.len()
+        }));
+        visible.clear();
+        visible.extend(ix.contexts.iter().map(|&v| v as usize));
+        self.rope.fill_tables(positions, lengths, rope);
         let hidden = c.hidden_size;
-        let mut s = Scratch {
-            x: vec![0.0; n * hidden],
-            h: vec![0.0; n * hidden],
-            ..Default::default()
-        };
+        s.x.resize(n * hidden, 0.0);
+        s.h.resize(n * hidden, 0.0);
         self.embed_tokens(&ix.tokens, &mut s.x, comm)?;
         let plan = &self.sharding.plan;
         let pass = Pass {
             config: c,
             rope: &self.rope,
-            rope_tables: self.rope.tables_in(&positions, &lengths),
-            tables,
+            rope_tables: rope,
+            tables: (ix.query_seq.iter())
+                .map(|&q| batch[q as usize].block_table)
+                .collect(),
             positions,
             visible,
             heads: plan.heads.len(),
@@ -411,15 +459,15 @@ impl Llama {
             precision: self.kernel_precision(),
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.run(l, &pass, &mut s, cache, comm)?;
+            layer.run(l, &pass, s, cache, comm)?;
         }
-        let wanted = ix.wanted;
-        let mut normed = vec![0.0; wanted.len() * hidden];
+        let wanted = &ix.wanted;
+        normed.resize(wanted.len() * hidden, 0.0);
         for (&t, out) in wanted.iter().zip(normed.chunks_exact_mut(hidden)) {
             let x = &s.x[t * hidden..(t + 1) * hidden];
             rms_norm(x, &self.final_norm, c.rms_norm_eps, out);
         }
-        self.logits(&normed, wanted.len(), comm)
+        self.logits(normed, rows, comm)
     }
 
     /// Runs `tokens` (the next positions of `seq`) through the model and returns the
@@ -485,21 +533,23 @@ impl Llama {
         Ok(())
     }
 
-    /// Logits of `n` tokens: this rank's vocabulary rows, gathered from every rank.
+    /// Logits of the tokens `normed` holds (final-normed): this rank's vocabulary rows
+    /// (into `rows`), gathered from every rank.
     fn logits(
         &self,
         normed: &[f32],
-        n: usize,
+        rows: &mut Vec<f32>,
         comm: &mut dyn Collective,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let n = normed.len() / self.config.hidden_size;
         if n == 0 {
             return Ok(Vec::new());
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut rows = vec![0.0; n * head.rows];
+        rows.resize(n * head.rows, 0.0);
         let normed = Input::new(normed, self.kernel_precision());
-        matmul_input(&head.mat(), &normed, &mut rows)?;
-        let mut logits = self.sharding.gather_logits(&rows, n, comm)?;
+        matmul_input(&head.mat(), &normed, rows)?;
+        let mut logits = self.sharding.gather_logits(rows, n, comm)?;
         if let Some(cap) = self.config.block.final_softcap {
             // After the gather: a cap would turn the padding's −∞ into −cap.
             for v in logits.iter_mut().flatten() {
@@ -508,70 +558,4 @@ impl Llama {
         }
         Ok(logits)
     }
-}
-
-impl Sharding {
-    /// Refuses a collective of another group size or rank than this slice's.
-    pub(crate) fn check_collective(&self, comm: &dyn Collective) -> Result<(), ModelError> {
-        if comm.world_size() != self.tp || comm.rank() != self.plan.rank {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "the model is rank {} of {}, the collective is rank {} of {}",
-                    self.plan.rank,
-                    self.tp,
-                    comm.rank(),
-                    comm.world_size()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// The logits of `n` tokens over the whole vocabulary from this rank's `rows`
-    /// (`n × its vocabulary rows`). Each token's part is padded with −∞ to one length for
-    /// the all-gather, then un-padded in rank order.
-    pub(crate) fn gather_logits(
-        &self,
-        rows: &[f32],
-        n: usize,
-        comm: &mut dyn Collective,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let parts = &self.vocab_parts;
-        let mine_rows = self.plan.vocab_rows.len();
-        let vocab = parts.last().map_or(0, |p| p.end);
-        let padded = vocab.div_ceil(parts.len());
-        let mut mine = vec![f32::NEG_INFINITY; n * padded];
-        for (dst, src) in mine
-            .chunks_exact_mut(padded)
-            .zip(rows.chunks_exact(mine_rows))
-        {
-            dst[..mine_rows].copy_from_slice(src);
-        }
-        if parts.len() == 1 {
-            return Ok(mine.chunks_exact(padded).map(<[f32]>::to_vec).collect());
-        }
-        // Rank-major after the gather: rank r's block holds its part of every token.
-        let mut gathered = vec![0.0; n * padded * parts.len()];
-        comm.all_gather(&mine, &mut gathered)?;
-        let mut logits = vec![Vec::with_capacity(vocab); n];
-        for (block, range) in gathered.chunks_exact(n * padded).zip(parts) {
-            for (out, part) in logits.iter_mut().zip(block.chunks_exact(padded)) {
-                out.extend_from_slice(&part[..range.len()]);
-            }
-        }
-        Ok(logits)
-    }
-}
-
-/// Refuses a KV cache whose heads (`got`) are not the rank's (`want`): K/V would scramble.
-pub(crate) fn check_kv_layout(want: KvLayout, got: KvLayout) -> Result<(), ModelError> {
-    if (got.kv_heads, got.head_dim) != (want.kv_heads, want.head_dim) {
-        return Err(ModelError::Plan {
-            message: format!(
-                "the KV cache holds {} KV heads of {} values per position; this rank has {} of {}",
-                got.kv_heads, got.head_dim, want.kv_heads, want.head_dim
-            ),
-        });
-    }
-    Ok(())
 }

@@ -35,11 +35,18 @@ impl<'a> BatchDot<'a> {
             });
         }
         let features = Features::get();
-        let prepared = match dtype {
-            DType::Q4_1 | DType::Q5_1 => xs.chunks(32).map(|c| c.iter().sum()).collect(),
-            DType::Q2K if features.avx2 => interleave_q2_k(xs),
-            _ => Vec::new(),
-        };
+        let mut prepared = Vec::new();
+        match dtype {
+            DType::Q4_1 | DType::Q5_1 => {
+                prepared = spare_buffer();
+                prepared.extend(xs.chunks(32).map(|c| c.iter().sum::<f32>()));
+            }
+            DType::Q2K if features.avx2 => {
+                prepared = spare_buffer();
+                interleave_q2_k(xs, &mut prepared);
+            }
+            _ => {}
+        }
         Ok(BatchDot {
             dtype,
             cols,
@@ -187,13 +194,52 @@ impl<'a> BatchDot<'a> {
     }
 }
 
-/// `xs` with each 32 values `v` reordered so that position `8k + i` holds `v[4i + k]`: the
-/// order in which the AVX2 Q2_K kernel unpacks a block's 2-bit values, 8 per register
-/// (`k`: the byte of each 32-bit lane it shifts down, `i`: the lane).
-fn interleave_q2_k(xs: &[f32]) -> Vec<f32> {
-    (xs.chunks_exact(32))
-        .flat_map(|v| (0..32).map(move |p| v[4 * (p % 8) + p / 8]))
-        .collect()
+impl Drop for BatchDot<'_> {
+    /// Keeps the prepared buffer for this thread's next [`BatchDot`] (a decode step makes
+    /// hundreds), unless it is long or enough are kept.
+    fn drop(&mut self) {
+        let mut buffer = std::mem::take(&mut self.prepared);
+        if buffer.capacity() == 0 || buffer.capacity() > SPARE_VALUES {
+            return;
+        }
+        buffer.clear();
+        // Nothing to keep while the thread is exiting.
+        let _ = SPARE.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(buffer);
+            }
+        });
+    }
+}
+
+/// Prepared buffers kept per thread: one for each matrix that [`crate::matmul`] runs on one
+/// input at once (q, k and v), and one more.
+const SPARE_BUFFERS: usize = 4;
+
+/// The longest prepared buffer kept (in values): a decode step's, not a long prefill's.
+const SPARE_VALUES: usize = 1 << 16;
+
+thread_local! {
+    /// Prepared buffers of dropped [`BatchDot`]s, for the next ones on this thread.
+    static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer, kept from an earlier [`BatchDot`] where this thread has one.
+fn spare_buffer() -> Vec<f32> {
+    SPARE
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Appends `xs` to `out` with each 32 values `v` reordered so that position `8k + i` holds
+/// `v[4i + k]`: the order in which the AVX2 Q2_K kernel unpacks a block's 2-bit values, 8
+/// per register (`k`: the byte of each 32-bit lane it shifts down, `i`: the lane).
+fn interleave_q2_k(xs: &[f32], out: &mut Vec<f32>) {
+    out.reserve(xs.len());
+    out.extend((xs.chunks_exact(32)).flat_map(|v| (0..32).map(move |p| v[4 * (p % 8) + p / 8])));
 }
 
 /// The rows and the run of vectors of one [`BatchDot::dot_rows`] call, checked.

@@ -362,28 +362,7 @@ impl Llama {
             dequantized: slicer.dequantized,
             precision: tessera_topology::Precision::Exact,
             config,
-        })
-    }
-}
-
-impl Sharding {
-    /// Checks `plan` against the group's plan for this model and keeps what forward needs.
-    fn new(config: &ModelConfig, plan: &RankPlan, tp: usize) -> Result<Sharding, ModelError> {
-        let plans = plan_group(tp, &config.shape()).map_err(|e| ModelError::Plan {
-            message: e.to_string(),
-        })?;
-        if plans.get(plan.rank.0 as usize) != Some(plan) {
-            return Err(ModelError::Plan {
-                message: format!(
-                    "rank {}'s plan {plan:?} is not the split of this model over {tp} ranks",
-                    plan.rank
-                ),
-            });
-        }
-        Ok(Sharding {
-            tp,
-            plan: plan.clone(),
-            vocab_parts: plans.into_iter().map(|p| p.vocab_rows).collect(),
+            workspace: Default::default(),
         })
     }
 }
