@@ -93,8 +93,29 @@ pub fn q2_k_scales(block: &[u8; BLOCK_Q2_K_BYTES]) -> [(f32, f32); 16] {
 #[inline]
 pub fn q3_k_scales(block: &[u8; BLOCK_Q3_K_BYTES]) -> [f32; 16] {
     let d = f16_le_to_f32([block[Q3_K_D_OFFSET], block[Q3_K_D_OFFSET + 1]]);
-    let packed = &block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET];
-    std::array::from_fn(|s| d * f32::from(q3_k_scale(s, packed)))
+    let packed = block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET]
+        .first_chunk()
+        .expect("a Q3_K block holds 12 bytes of scales");
+    let sc = q3_k_scales_all(packed);
+    std::array::from_fn(|s| d * f32::from(sc[s]))
+}
+
+/// [`q3_k_scale`] of all 16 sub-blocks at once, eight to a 64-bit word: the low nibbles
+/// are the 8 bytes' low then high nibbles, and the high bits of sub-blocks `4k..4k + 4`
+/// are bits `2k..` of the last 4 bytes.
+#[inline]
+pub fn q3_k_scales_all(packed: &[u8; 12]) -> [i8; 16] {
+    let (low, high) = packed.split_at(8);
+    let low = u64::from_le_bytes(low.try_into().expect("8 bytes"));
+    let high = u64::from(u32::from_le_bytes(high.try_into().expect("4 bytes")));
+    let (nibbles, pairs) = (0x0f0f_0f0f_0f0f_0f0f, 0x0303_0303);
+    // Sub-blocks 0..8 and 8..16: their 2 high bits as bytes, then the whole 6-bit values.
+    let top = |k: u32| ((high >> (2 * k)) & pairs) | (((high >> (2 * k + 2)) & pairs) << 32);
+    let first = (low & nibbles) | (top(0) << 4);
+    let second = ((low >> 4) & nibbles) | (top(2) << 4);
+    let bytes = [first.to_le_bytes(), second.to_le_bytes()];
+    // Stored plus 32: 0..64, so the byte is the same as an i8.
+    std::array::from_fn(|i| bytes[i / 8][i % 8] as i8 - 32)
 }
 
 /// Dequantizes one Q2_K block.
@@ -150,6 +171,25 @@ mod tests {
         let packed = pack_q3_k_scales(sc);
         for (i, &s) in sc.iter().enumerate() {
             assert_eq!(q3_k_scale(i, &packed), s, "sub-block {i}");
+        }
+        assert_eq!(q3_k_scales_all(&packed), sc);
+    }
+
+    #[test]
+    fn all_q3_k_scales_at_once_are_each_sub_blocks() {
+        // Every byte value in every position: 12 × 256 packings of random-ish bytes.
+        let mut state = 0x9e37_79b9_u32;
+        for at in 0..12 {
+            for byte in 0..=255u8 {
+                let mut packed = [0u8; 12];
+                for b in &mut packed {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    *b = (state >> 24) as u8;
+                }
+                packed[at] = byte;
+                let each: [i8; 16] = std::array::from_fn(|i| q3_k_scale(i, &packed));
+                assert_eq!(q3_k_scales_all(&packed), each, "{packed:?}");
+            }
         }
     }
 
