@@ -21,7 +21,7 @@
 //! |----------|----------|----------------------------------------------------------|
 //! | 0..32    | `hmask`  | value `32k + l` (`k` in 0..8): bit `k` of `hmask[l]`     |
 //! | 32..96   | `qs`     | 256 × 2-bit low bits of the quants                       |
-//! | 96..108  | `scales` | 16 × 6-bit sub-block scales, packed (see [`q3_k_scale`]) |
+//! | 96..108  | `scales` | 16 × 6-bit sub-block scales, packed (see [`q3_k_scales_all`]) |
 //! | 108..110 | `d`      | f16 super-block scale                                    |
 
 use super::float::f16_le_to_f32;
@@ -47,22 +47,6 @@ pub const Q3_K_QS_OFFSET: usize = 32;
 pub const Q3_K_SCALES_OFFSET: usize = 96;
 /// Byte offset of the Q3_K f16 `d`.
 pub const Q3_K_D_OFFSET: usize = 108;
-
-/// The signed scale of Q3_K sub-block `i` (0..16) from the 12 packed bytes.
-///
-/// Its low 4 bits are the low nibble of byte `i` for `i < 8` and the high nibble of byte
-/// `i − 8` after; its high 2 bits are bits `2·(i / 4)..` of byte `8 + i mod 4`. The 6-bit
-/// value is stored plus 32.
-#[inline]
-pub fn q3_k_scale(i: usize, scales: &[u8]) -> i8 {
-    let low = if i < 8 {
-        scales[i] & 0x0f
-    } else {
-        scales[i - 8] >> 4
-    };
-    let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-    (low | (high << 4)) as i8 - 32
-}
 
 /// Calls `f(v, q, s)` for every value `v` of a block with its 2 bits `q` from `qs` and its
 /// sub-block `s`, in value order.
@@ -93,19 +77,19 @@ pub fn q2_k_scales(block: &[u8; BLOCK_Q2_K_BYTES]) -> [(f32, f32); 16] {
 #[inline]
 pub fn q3_k_scales(block: &[u8; BLOCK_Q3_K_BYTES]) -> [f32; 16] {
     let d = f16_le_to_f32([block[Q3_K_D_OFFSET], block[Q3_K_D_OFFSET + 1]]);
-    let packed = block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET]
-        .first_chunk()
-        .expect("a Q3_K block holds 12 bytes of scales");
-    let sc = q3_k_scales_all(packed);
+    let sc = q3_k_scales_all(block);
     std::array::from_fn(|s| d * f32::from(sc[s]))
 }
 
-/// [`q3_k_scale`] of all 16 sub-blocks at once, eight to a 64-bit word: the low nibbles
-/// are the 8 bytes' low then high nibbles, and the high bits of sub-blocks `4k..4k + 4`
-/// are bits `2k..` of the last 4 bytes.
+/// The signed scales of a Q3_K block's 16 sub-blocks, from its 12 packed scale bytes.
+///
+/// Sub-block `i`'s low 4 bits are the low nibble of byte `i` for `i < 8` and the high
+/// nibble of byte `i − 8` after; its high 2 bits are bits `2·(i / 4)..` of byte
+/// `8 + i mod 4`. The 6-bit value is stored plus 32. All 16 are unpacked at once, eight to
+/// a 64-bit word.
 #[inline]
-pub fn q3_k_scales_all(packed: &[u8; 12]) -> [i8; 16] {
-    let (low, high) = packed.split_at(8);
+pub fn q3_k_scales_all(block: &[u8; BLOCK_Q3_K_BYTES]) -> [i8; 16] {
+    let (low, high) = block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET].split_at(8);
     let low = u64::from_le_bytes(low.try_into().expect("8 bytes"));
     let high = u64::from(u32::from_le_bytes(high.try_into().expect("4 bytes")));
     let (nibbles, pairs) = (0x0f0f_0f0f_0f0f_0f0f, 0x0303_0303);
@@ -148,6 +132,25 @@ mod tests {
     use super::*;
     use half::f16;
 
+    /// The scale of Q3_K sub-block `i` as the layout defines it, one at a time: the
+    /// reference for [`q3_k_scales_all`].
+    fn q3_k_scale(i: usize, scales: &[u8; 12]) -> i8 {
+        let low = if i < 8 {
+            scales[i] & 0x0f
+        } else {
+            scales[i - 8] >> 4
+        };
+        let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+        (low | (high << 4)) as i8 - 32
+    }
+
+    /// A Q3_K block holding `packed` as its scales (and zeros elsewhere).
+    fn block_with_scales(packed: [u8; 12]) -> [u8; BLOCK_Q3_K_BYTES] {
+        let mut block = [0u8; BLOCK_Q3_K_BYTES];
+        block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET].copy_from_slice(&packed);
+        block
+    }
+
     /// Packs 16 signed 6-bit scales (−32..32) the way the Q3_K layout stores them.
     fn pack_q3_k_scales(sc: [i8; 16]) -> [u8; 12] {
         let mut out = [0u8; 12];
@@ -172,7 +175,7 @@ mod tests {
         for (i, &s) in sc.iter().enumerate() {
             assert_eq!(q3_k_scale(i, &packed), s, "sub-block {i}");
         }
-        assert_eq!(q3_k_scales_all(&packed), sc);
+        assert_eq!(q3_k_scales_all(&block_with_scales(packed)), sc);
     }
 
     #[test]
@@ -188,7 +191,8 @@ mod tests {
                 }
                 packed[at] = byte;
                 let each: [i8; 16] = std::array::from_fn(|i| q3_k_scale(i, &packed));
-                assert_eq!(q3_k_scales_all(&packed), each, "{packed:?}");
+                let all = q3_k_scales_all(&block_with_scales(packed));
+                assert_eq!(all, each, "{packed:?}");
             }
         }
     }

@@ -22,7 +22,7 @@ use crate::quant::k_quants::{
 };
 use crate::quant::k_quants_small::{
     BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_D_OFFSET, Q2_K_QS_OFFSET, Q3_K_D_OFFSET,
-    Q3_K_QS_OFFSET, Q3_K_SCALES_OFFSET, q3_k_scales_all,
+    Q3_K_QS_OFFSET, q3_k_scales_all,
 };
 
 /// Σ over the 256-value blocks of a row, chunk by chunk: `prepare(block)` once per block
@@ -416,10 +416,7 @@ pub unsafe fn dot_q3_k<const T: usize>(w: &[u8], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q3_k_scales(block: &[u8; BLOCK_Q3_K_BYTES]) -> [f32; 16] {
-    let (packed, _) = block[Q3_K_SCALES_OFFSET..Q3_K_D_OFFSET]
-        .split_first_chunk::<12>()
-        .expect("a Q3_K block holds 12 bytes of scales");
-    let sc = q3_k_scales_all(packed);
+    let sc = q3_k_scales_all(block);
     // SAFETY: `sc` is 16 bytes.
     let sc = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
     let d = _mm256_set1_ps(f16_at(block, Q3_K_D_OFFSET));
