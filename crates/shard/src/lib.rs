@@ -28,3 +28,33 @@ pub mod stats;
 pub mod worker;
 
 pub use error::ShardError;
+
+use tessera_topology::Device;
+
+/// Refuses a device that this build cannot run: a `cuda:N` device needs the `cuda`
+/// feature. The binary passes `cfg!(feature = "cuda")`; a parameter, so that the default
+/// build tests the answer of a build without it.
+pub fn check_device_built(device: Device, cuda_built: bool) -> Result<(), String> {
+    if device.is_cuda() && !cuda_built {
+        return Err(format!(
+            "{device}: this tessera-shard is built without CUDA support (the `cuda` \
+             feature); build it with the default features"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_without_cuda_refuses_a_cuda_device_and_says_how_to_get_one() {
+        let err = check_device_built(Device::Cuda(1), false).unwrap_err();
+        assert!(err.starts_with("cuda:1: "), "{err}");
+        assert!(err.contains("built without CUDA support"), "{err}");
+        assert!(err.contains("default features"), "{err}");
+        assert_eq!(check_device_built(Device::Cuda(1), true), Ok(()));
+        assert_eq!(check_device_built(Device::Cpu, false), Ok(()));
+    }
+}

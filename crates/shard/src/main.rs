@@ -81,6 +81,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
             group.tp
         )
     })?;
+    tessera_shard::check_device_built(shard.device, cfg!(feature = "cuda"))
+        .map_err(|e| anyhow!("group `{}` rank {rank}: {e}", group.name))?;
     #[cfg(feature = "cuda")]
     let device = match shard.device {
         Device::Cuda(ordinal) => {
@@ -98,15 +100,6 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         Device::Cpu => None,
     };
-    #[cfg(not(feature = "cuda"))]
-    if let Device::Cuda(_) = shard.device {
-        anyhow::bail!(
-            "group `{}` rank {rank}: {}: this tessera-shard is built without CUDA support \
-             (the `cuda` feature); build it with the default features",
-            group.name,
-            shard.device
-        );
-    }
     let model = topology
         .model(&group.model)
         .ok_or_else(|| anyhow!("model `{}` is not in the topology", group.model))?;
