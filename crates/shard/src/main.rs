@@ -18,7 +18,9 @@ use tessera_shard::control::{self, ControlConfig};
 use tessera_shard::pinning::{self, Pinning};
 use tessera_shard::stats::{self, StatsSampler};
 use tessera_shard::worker::{self, WorkerConfig};
-use tessera_topology::{Device, Rank, Topology, plan_group};
+#[cfg(feature = "cuda")]
+use tessera_topology::Device;
+use tessera_topology::{Rank, Topology, plan_group};
 use tracing::{info, warn};
 
 /// One rank of a Tessera tensor-parallel group.
