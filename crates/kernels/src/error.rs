@@ -19,7 +19,7 @@ pub enum KernelError {
     },
     #[error(
         "{dtype} weights of {cols} columns in {precision:?} have no 8-bit-activation kernel \
-         (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q4_K in whole 32-value blocks, in `fast`)"
+         (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K in whole 32-value blocks, in `fast`)"
     )]
     NoIntegerKernel {
         dtype: DType,

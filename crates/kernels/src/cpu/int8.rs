@@ -1,8 +1,9 @@
 //! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
 //! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
-//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K weights (Q4_K's 32-value
-//! sub-blocks are the activation blocks, each with its own scale and min); other types
-//! keep the exact f32 kernels in `fast` mode.
+//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights (Q4_K's
+//! 32-value sub-blocks are the activation blocks, each with its own scale and min; a Q6_K
+//! block's 16-value sub-blocks enter the integer sum with their 8-bit scales, and its `d`
+//! is the block's factor); other types keep the exact f32 kernels in `fast` mode.
 //!
 //! **The arithmetic, shared by every path to the bit.** Each 32-value block `b` gives its
 //! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
@@ -22,7 +23,9 @@ use rayon::prelude::*;
 
 use super::Features;
 use crate::quant::float::f16_le_to_f32;
-use crate::quant::k_quants::{Q4_K_QS_OFFSET, scale_min_pairs};
+use crate::quant::k_quants::{
+    Q4_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, scale_min_pairs,
+};
 use crate::{DType, KernelError};
 
 /// Values per activation block.
@@ -134,7 +137,13 @@ impl Sum for f64 {
 pub fn supports(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4K
+        DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q4K
+            | DType::Q6K
     )
 }
 
@@ -307,7 +316,7 @@ impl Q8Acts {
         let n = self.len();
         if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
             return Err(KernelError::ByteLength {
-                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q4_K, whole rows)",
+                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K, whole rows)",
                 expected: row_bytes,
                 actual: rows.len(),
             });
@@ -394,12 +403,14 @@ impl Kernels {
                 (DType::Q5_0, true, _) => pick!(dot_q5_0_vnni),
                 (DType::Q5_1, true, _) => pick!(dot_q5_1_vnni),
                 (DType::Q4K, true, _) => pick!(dot_q4_k_vnni),
+                (DType::Q6K, true, _) => pick!(dot_q6_k_vnni),
                 (DType::Q8_0, _, true) => pick!(dot_q8_0),
                 (DType::Q4_0, _, true) => pick!(dot_q4_0),
                 (DType::Q4_1, _, true) => pick!(dot_q4_1),
                 (DType::Q5_0, _, true) => pick!(dot_q5_0),
                 (DType::Q5_1, _, true) => pick!(dot_q5_1),
                 (DType::Q4K, _, true) => pick!(dot_q4_k),
+                (DType::Q6K, _, true) => pick!(dot_q6_k),
                 _ => None,
             };
             Kernels { simd }
@@ -474,7 +485,7 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
     let expected = x.d.len() * BLOCK / values * bytes;
     if !supports(dtype) || row.len() != expected || !(x.d.len() * BLOCK).is_multiple_of(values) {
         return Err(KernelError::ByteLength {
-            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or Q4_K)",
+            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K)",
             expected,
             actual: row.len(),
         });
@@ -488,7 +499,7 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
         let xq = &x.qs[b * BLOCK..][..BLOCK];
         // Rounded once in `S` (exact in f64).
         let factor = S::from_f32(dw) * S::from_f32(x.d[b]);
-        // |sum| < 2^20: exact in f32.
+        // |sum| < 2^24 (Q6_K's at most 32·32·127·128; the others' below 2^20): exact in f32.
         let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
         let c = chain(b, x.d.len());
         chains[c] = S::mul_add(factor, S::from_f32(sum as f32), chains[c]);
@@ -504,9 +515,9 @@ pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Resul
     })
 }
 
-/// Sub-block `j` (32 values) of a weight block: its integer values, its scale and the
-/// factor of its min term, if it has one: Q4_1's and Q5_1's `m` (added), Q4_K's `dmin·m`
-/// (taken away).
+/// Sub-block `j` (32 values) of a weight block: its integer values (Q6_K's times their
+/// 8-bit sub-block scales), its scale and the factor of its min term, if it has one: Q4_1's
+/// and Q5_1's `m` (added), Q4_K's `dmin·m` (taken away).
 fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f32>) {
     let d = f16_le_to_f32([block[0], block[1]]);
     let nibble = |qs: &[u8], i: usize| i32::from(if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 });
@@ -532,6 +543,22 @@ fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f3
             let high = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
             let q = |i: usize| nibble(&block[8..], i) | (((high >> i) & 1) << 4) as i32;
             (std::array::from_fn(q), d, Some(m))
+        }
+        // Q6_K: sub-block j = 4h + k is the low (k < 2) or high nibbles of
+        // ql[64h + 32·(k mod 2)..] with bits 2k.. of qh[32h..] above them, value q − 32;
+        // its halves are scaled by sc[8h + 2k] and sc[8h + 2k + 1], in the integers.
+        DType::Q6K => {
+            let (h, k) = (j / 4, j % 4);
+            let ql = &block[64 * h + 32 * (k % 2)..][..32];
+            let qh = &block[Q6_K_QH_OFFSET + 32 * h..][..32];
+            let sc = |i: usize| i32::from(block[Q6_K_SCALES_OFFSET + 8 * h + 2 * k + i / 16] as i8);
+            let q = |i: usize| {
+                let low = (ql[i] >> (4 * (k / 2))) & 15;
+                let high = (qh[i] >> (2 * k)) & 3;
+                i32::from(low | (high << 4)) - 32
+            };
+            let d = f16_le_to_f32([block[Q6_K_D_OFFSET], block[Q6_K_D_OFFSET + 1]]);
+            (std::array::from_fn(|i| q(i) * sc(i)), d, None)
         }
         _ => {
             // Q4_K: sub-blocks 2c and 2c + 1 are the low and high nibbles of 32 bytes.

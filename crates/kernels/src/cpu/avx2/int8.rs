@@ -5,15 +5,13 @@
 //!
 //! Each kernel dots whole weight rows, one after another, with `T` quantized vectors,
 //! unpacking each weight block once for all of them. Where a type has an octet reader (all
-//! but Q4_K), a row's whole octets of 8 blocks are read interleaved, like the vector's
+//! but Q4_K and Q6_K), a row's whole octets of 8 blocks are read interleaved, like the vector's
 //! ([`Q8Row::octets`]): one register then collects the 8 blocks' sums, with no horizontal
 //! adds, and its halves go into the chains exactly as two quads' sums would.
 
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::{BLOCK, OCTET, Q8Row, Sum, add_chains};
-use crate::quant::k_quants::q4_k_scale_min;
-
 mod reads;
 use reads::*;
 
@@ -26,6 +24,10 @@ struct Sub {
     signed: bool,
     scale: f32,
     min: f32,
+    /// Q6_K's: the 8-bit scales of the sub-block's two 16-value halves, as 16-bit words
+    /// (the first half's in the low 128 bits), by which its pair sums are multiplied in the
+    /// integer sum; none for the other types.
+    halves: Option<__m256i>,
 }
 
 /// Eight 32-value sub-blocks of a weight row, interleaved as the vectors' octets are
@@ -213,7 +215,11 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                 if $sub.signed {
                     xq = _mm256_sign_epi8(xq, $sub.values);
                 }
-                add_lanes(_mm256_setzero_si256(), $unsigned, xq)
+                match $sub.halves {
+                    // Each 16-bit pair sum (at most 2·32·127) times its half's scale.
+                    Some(scales) => _mm256_madd_epi16(_mm256_maddubs_epi16($unsigned, xq), scales),
+                    None => add_lanes(_mm256_setzero_si256(), $unsigned, xq),
+                }
             }};
         }
         macro_rules! unsigned {
@@ -238,6 +244,7 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                     signed: false,
                     scale: 0.0,
                     min: 0.0,
+                    halves: None,
                 };
                 let s0 = sub(b);
                 let s1 = if n > 1 { sub(b + 1) } else { none };
@@ -455,104 +462,6 @@ macro_rules! int8_kernels {
     };
 }
 
-int8_kernels!(
-    /// Q8_0 row (f16 d, 32 × i8 per block) with 8-bit activations.
-    dot_q8_0, dot_q8_0_vnni, Mins::None, |w| w.len() / 34, |b| {
-        let block = w.as_ptr().add(b * 34);
-        Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0 }
-    },
-    |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps()),
-    // Octets for groups only: with one vector, the transpose of 8 × 32 bytes per octet
-    // costs more than the horizontal adds it saves (matvec 1536 × 576 at 1 thread: quads
-    // 26.0–26.8 GiB/s, octets 24.7–25.8).
-    (T > 1).then_some(
-        #[inline(always)]
-        |o: usize| Octet { values: byte_octet(w.as_ptr().add(o * 34 + 2), 34), signed: true }
-    )
-);
-
-int8_kernels!(
-    /// Q4_0 row (f16 d, 16 bytes of nibbles; value q − 8) with 8-bit activations.
-    dot_q4_0, dot_q4_0_vnni, Mins::None, |w| w.len() / 18, |b| {
-        let block = w.as_ptr().add(b * 18);
-        let values = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
-        Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
-    },
-    |q| (f16x4(w.as_ptr().add(q * 18), 18), _mm_setzero_ps()),
-    Some(
-        #[inline(always)]
-        |o: usize| {
-            let mut values = nibble_octet(w.as_ptr().add(o * 18 + 2), 18);
-            for v in &mut values {
-                *v = _mm256_sub_epi8(*v, _mm256_set1_epi8(8));
-            }
-            Octet { values, signed: true }
-        }
-    )
-);
-
-int8_kernels!(
-    /// Q4_1 row (f16 d, f16 m, 16 bytes of nibbles; value d·q + m) with 8-bit activations.
-    dot_q4_1, dot_q4_1_vnni, Mins::Add, |w| w.len() / 20, |b| {
-        let block = w.as_ptr().add(b * 20);
-        let (scale, min) = (f16_at(block), f16_at(block.add(2)));
-        Sub { values: nibbles(block.add(4)), signed: false, scale, min }
-    },
-    |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20),
-    Some(
-        #[inline(always)]
-        |o: usize| Octet { values: nibble_octet(w.as_ptr().add(o * 20 + 4), 20), signed: false }
-    )
-);
-
-int8_kernels!(
-    /// Q5_0 row (f16 d, 32 fifth bits, 16 bytes of nibbles; value q − 16) with 8-bit
-    /// activations.
-    dot_q5_0, dot_q5_0_vnni, Mins::None, |w| w.len() / 22, |b| {
-        let block = w.as_ptr().add(b * 22);
-        let q = _mm256_or_si256(nibbles(block.add(6)), fifth_bits(block.add(2)));
-        let values = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        Sub { values, signed: true, scale: f16_at(block), min: 0.0 }
-    },
-    |q| (f16x4(w.as_ptr().add(q * 22), 22), _mm_setzero_ps())
-);
-
-int8_kernels!(
-    /// Q5_1 row (f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles; value d·q + m) with
-    /// 8-bit activations.
-    dot_q5_1, dot_q5_1_vnni, Mins::Add, |w| w.len() / 24, |b| {
-        let block = w.as_ptr().add(b * 24);
-        let values = _mm256_or_si256(nibbles(block.add(8)), fifth_bits(block.add(4)));
-        let (scale, min) = (f16_at(block), f16_at(block.add(2)));
-        Sub { values, signed: false, scale, min }
-    },
-    |q| f16_pairs_x4(w.as_ptr().add(q * 24), 24)
-);
-
-int8_kernels!(
-    /// Q4_K row (256 values per block: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales
-    /// and mins, 128 bytes of nibbles; value `(d·sc)·q − dmin·m`) with 8-bit activations:
-    /// sub-blocks 2c and 2c + 1 are the low and high nibbles of the c-th 32 bytes.
-    dot_q4_k, dot_q4_k_vnni, Mins::Subtract, |w| w.len() / 144 * 8, |b| {
-        let block = w.as_ptr().add(b / 8 * 144);
-        let j = b % 8;
-        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
-        let (sc, m) = q4_k_scale_min(j, scales);
-        let qs = load32(block.add(16 + 32 * (j / 2)));
-        let shifted = if j % 2 == 0 { qs } else { _mm256_srli_epi16::<4>(qs) };
-        let values = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
-        let scale = f16_at(block) * f32::from(sc);
-        let min = f16_at(block.add(2)) * f32::from(m);
-        Sub { values, signed: false, scale, min }
-    },
-    |q| {
-        // Sub-blocks q..q + 4 of one block (q is a multiple of 4).
-        let block = w.as_ptr().add(q / 8 * 144);
-        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
-        let pairs: [(u8, u8); 4] = std::array::from_fn(|k| q4_k_scale_min(q % 8 + k, scales));
-        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
-        let [a, b, c, e] = pairs.map(|(sc, _)| d * f32::from(sc));
-        let [f, g, h, i] = pairs.map(|(_, m)| dmin * f32::from(m));
-        (_mm_setr_ps(a, b, c, e), _mm_setr_ps(f, g, h, i))
-    }
-);
+// After the macros above, which it invokes.
+mod kernels;
+pub use kernels::*;

@@ -3,14 +3,16 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::quant;
+use crate::quant::k_quants::{Q6_K_SCALES_OFFSET, QK_K};
 
-const TYPES: [DType; 6] = [
+const TYPES: [DType; 7] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
     DType::Q4K,
+    DType::Q6K,
 ];
 
 /// `rows` random rows of `cols` values of `dtype`: random bytes, with every block's f16
@@ -20,6 +22,12 @@ fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<
     let blocks = rows * cols / dtype.block_elems();
     let mut data: Vec<u8> = (0..blocks * bytes).map(|_| rng.random()).collect();
     for block in data.chunks_exact_mut(bytes) {
+        if dtype == DType::Q6K {
+            // Its f16 `d` comes last.
+            let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05)).to_bits();
+            block[Q6_K_D_OFFSET..].copy_from_slice(&value.to_le_bytes());
+            continue;
+        }
         let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K) {
             2
         } else {
@@ -114,12 +122,13 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
     let mut rng = StdRng::seed_from_u64(7);
     let features = Features::get();
     for dtype in TYPES {
-        let sizes = [256, 768, 1536].map(|c| if dtype == DType::Q4K { c } else { c * 3 / 4 });
+        let k_quant = matches!(dtype, DType::Q4K | DType::Q6K);
+        let sizes = [256, 768, 1536].map(|c| if k_quant { c } else { c * 3 / 4 });
         // 1 to 3 blocks past the last whole quad (32, 96 and 224 values; 576), and none;
         // whole octets alone (256), and followed by 5 and 7 blocks (416, 480).
         for cols in [32, 96, 224, 256, 416, 480]
             .into_iter()
-            .filter(|_| dtype != DType::Q4K)
+            .filter(|_| !k_quant)
             .chain(sizes)
         {
             let rows = 5;
@@ -192,8 +201,30 @@ fn bad_lengths_and_types_are_errors() {
         "past the vectors"
     );
     assert!(
-        acts.dot_rows(DType::Q6K, &row, 0, 2, &mut out).is_err(),
+        acts.dot_rows(DType::Q5K, &row, 0, 2, &mut out).is_err(),
         "no 8-bit kernel"
     );
     assert!(dot_reference(DType::F32, &row, acts.row(0)).is_err());
+}
+
+/// A Q6_K block at the integer sum's extreme: every value −32 and every sub-block scale
+/// −128, against activations of −127, sums to −32·32·127·128 per 32 values, within 2^24 in
+/// magnitude; every path gives the reference's bits, and the reference the exact dot.
+#[test]
+fn q6_k_at_its_largest_integer_sums_is_exact() {
+    let mut block = [0u8; 210];
+    block[Q6_K_SCALES_OFFSET..Q6_K_D_OFFSET].fill(0x80); // −128
+    let d = half::f16::from_f32(0.5);
+    block[Q6_K_D_OFFSET..].copy_from_slice(&d.to_bits().to_le_bytes());
+    // Value −32·0.5·(−128) = 2048 everywhere; activations −1 quantize to −127 with d 1/127.
+    let xs = vec![-1.0f32; QK_K];
+    let acts = Q8Acts::quantize(&xs, QK_K).unwrap();
+    let x = acts.row(0);
+    assert!(x.qs.iter().all(|&q| q == -127));
+    let exact = 2048.0 * f64::from(x.d[0]) * -127.0 * QK_K as f64;
+    let reference = dot_reference_in::<f64>(DType::Q6K, &block, x).unwrap();
+    assert_eq!(reference, exact);
+    let mut out = vec![0.0f64; 1];
+    acts.dot_rows(DType::Q6K, &block, 0, 1, &mut out).unwrap();
+    assert_eq!(out[0].to_bits(), reference.to_bits());
 }
