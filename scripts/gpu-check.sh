@@ -21,7 +21,12 @@
 #   | TESSERA_ATTENTION | kernel                                              | default |
 #   | legacy            | attention.cu: a block per (query head, query, 256)  | yes     |
 #   | grouped           | attention_grouped.cu: a block per (KV head, query)  | no      |
-# (legacy stays the default until grouped has passed here; docs/cuda.md).
+#   | flash             | prefill: attention_flash.cu, a block per (query     | no      |
+#   |                   | head, 64 queries), tensor cores; decode: grouped    |         |
+# (legacy stays the default until grouped has passed here; docs/cuda.md). To stay within
+# the device time, flash is not in the loop: the kernel test compares it with its twin,
+# and the model test and the decode bench (for its prefill figures) run once with it
+# after the loop (fused path).
 # Each of those runs once per launch sequence of TESSERA_FUSED (crates/model/src/launch_plan.rs):
 #   | TESSERA_FUSED | a decode layer's launches                                    | default |
 #   | 0             | legacy: separate q/k/v GEMMs, RoPE, KV write, round_bf16s    | yes     |
@@ -139,6 +144,12 @@ done
 echo "== TESSERA_GEMV=1 (not the default), TESSERA_FUSED=1, TESSERA_ATTENTION=grouped: the model on cuda:0 against the CPU"
 TESSERA_GEMV=1 TESSERA_FUSED=1 TESSERA_ATTENTION=grouped \
     run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
+echo "== TESSERA_ATTENTION=flash (not the default), TESSERA_FUSED=1: the model on cuda:0 against the CPU"
+TESSERA_FUSED=1 TESSERA_ATTENTION=flash \
+    run model-gpu test --release --offline -p tessera-model --features cuda --test cuda_model -- --test-threads=1 --nocapture
+echo "== TESSERA_ATTENTION=flash (not the default), TESSERA_FUSED=1: decode and prefill throughput"
+TESSERA_FUSED=1 TESSERA_ATTENTION=flash TESSERA_BENCH_FP8=0 \
+    run cuda-decode bench --offline -p tessera-model --features cuda --bench cuda_decode --
 unset TESSERA_ATTENTION TESSERA_FUSED
 echo "== serving: tessera up with a shard on cuda:0 (a random Llama-3.2-1B-shaped model), tessera bench at concurrency 1, 16, 64"
 model_dir="$(mktemp -d /tmp/tessera-random-llama.XXXXXX)"

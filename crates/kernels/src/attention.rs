@@ -12,6 +12,11 @@
 
 use rayon::prelude::*;
 
+mod flash;
+pub use flash::{
+    FLASH_KEYS, FLASH_ORDER_TOLERANCE, FLASH_ROWS, FlashTwin, flash_reference, flash_tiles,
+};
+
 use crate::cpu::dot_f32;
 
 /// The shape of one layer's paged K or V pool.

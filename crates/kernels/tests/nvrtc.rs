@@ -110,12 +110,13 @@ fn ptxas() -> Option<std::path::PathBuf> {
 
 /// The kernels (by prefix) whose registers must hold without spilling: those of the fused
 /// decode layer (issue 16), where a spill to local memory costs bandwidth on every step,
-/// and the small-batch GEMV, which must run at the weights' read bandwidth.
+/// the prefill attention, and the small-batch GEMV, which must run at the weights' read bandwidth.
 const MUST_NOT_SPILL: &[&str] = &[
     "rmsnorm_residual_bf16",
     "rope_kv_write",
     "silu_mul_bf16",
     "attention_grouped_",
+    "attention_flash_",
     "gemv_bf16_",
 ];
 

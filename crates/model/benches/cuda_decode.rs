@@ -385,7 +385,7 @@ fn run(
     );
     let attention = model.attention();
     println!(
-        "  attention kernel: {attention}{} (TESSERA_ATTENTION: legacy or grouped)",
+        "  attention kernel: {attention}{} (TESSERA_ATTENTION: legacy, grouped or flash)",
         if attention == AttentionKernel::default() {
             ", the default"
         } else {

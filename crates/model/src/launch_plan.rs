@@ -268,7 +268,8 @@ pub struct LayerShape {
     pub f32_hidden: bool,
     /// The down projection is a quantized matvec.
     pub f32_activation: bool,
-    /// The paged-attention kernel is the grouped one (which can write bf16).
+    /// The paged-attention kernel is the grouped one, or the flash one, which serves no
+    /// decode step (both can write bf16).
     pub grouped_attention: bool,
     /// The attention splits along the context (a reduce launch follows): always for the
     /// legacy kernel, when the batch does not fill the device for the grouped one.

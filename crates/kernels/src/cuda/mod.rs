@@ -77,8 +77,8 @@ pub enum CudaError {
         actual: usize,
     },
     #[error(
-        "attention kernel `{name}` is unknown: TESSERA_ATTENTION takes legacy (the default) \
-         or grouped"
+        "attention kernel `{name}` is unknown: TESSERA_ATTENTION takes legacy (the default), \
+         grouped, or flash (prefill; grouped decode)"
     )]
     UnknownAttention { name: String },
     #[error(

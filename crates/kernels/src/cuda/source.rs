@@ -71,6 +71,15 @@ pub const FAMILIES: &[KernelFamily] = &[
         ]
     ),
     family!(
+        "attention_flash.cu",
+        [
+            "attention_flash_d16",
+            "attention_flash_d32",
+            "attention_flash_d64",
+            "attention_flash_d128",
+        ]
+    ),
+    family!(
         "dequant_matmul.cu",
         ["matvec_q8_0", "matvec_q4_k", "matvec_f8_e4m3"]
     ),

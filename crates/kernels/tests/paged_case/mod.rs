@@ -1,6 +1,7 @@
 //! A paged KV cache of random values for the attention kernels' GPU tests (`gpu.rs`): the
-//! same bf16-rounded K/V on the device and in the CPU twin's f32 pools; and the test of
-//! both kernels' sliding window, part of the `gpu` test binary.
+//! same bf16-rounded K/V on the device and in the CPU twin's f32 pools; the test of the
+//! legacy and grouped kernels' sliding window, and (in `flash`) the prefill kernel's test,
+//! part of the `gpu` test binary.
 
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -9,6 +10,8 @@ use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{AttentionIndex, AttentionKernel, AttentionTarget};
 
 use super::{close, device, ops, random, rounded, to_bf16};
+
+mod flash;
 
 /// A paged cache of random K/V (bf16 on the device; the CPU twin's f32 pools hold the same
 /// rounded values) with one sequence per length, its blocks shuffled over the pool.

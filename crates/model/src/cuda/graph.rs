@@ -237,7 +237,7 @@ impl CudaLlama {
             max_blocks,
             &query_seq,
             &vec![reach; batch],
-            self.attention_target(kv),
+            self.attention_target(kv, true),
         )?;
         let mut logits = ops.alloc::<f32>(batch * self.head().rows)?;
         // Warm-up: every slot is −1, so nothing is written to the cache.

@@ -109,7 +109,9 @@ impl CudaLlama {
         let quantized = |l: &DeviceLinear| l.is_quantized();
         // The stacked projection has one bias for q|k|v (zeros where a part has none).
         let stacked = has_bias(Proj::Qkv);
-        let grouped = index.kernel() == AttentionKernel::Grouped;
+        // The flash kernel writes bf16 and never splits, as the grouped one unsplit; it
+        // never serves a decode step (`AttentionKernel::for_decode`), so never appends.
+        let grouped = index.kernel() != AttentionKernel::Legacy;
         LayerShape {
             path: self.path,
             biases: Biases {

@@ -3,24 +3,23 @@
 //! through every layer on one stream, with the KV cache in device memory ([`DeviceKv`]).
 //!
 //! The graph is [`Llama::forward_batch`]'s: embedding gather, fused residual + RMSNorm,
-//! q/k/v projections, RoPE, KV write, paged attention, o_proj, the fused gate|up
-//! projection, SiLU·mul, down_proj. Each layer runs the launches of its launch plan
+//! q/k/v projections, RoPE, KV write, paged attention (`TESSERA_ATTENTION`), o_proj, the
+//! fused gate|up projection, SiLU·mul, down_proj. Each layer runs its launch plan
 //! ([`crate::launch_plan`], the executor in `layer`): the legacy sequence, or with
 //! `TESSERA_FUSED=1` the fused one (q|k|v stacked, norms and SiLU·mul writing bf16, RoPE,
-//! bias and KV write in one kernel or inside the decode attention). Projections run as bf16 GEMMs on cuBLAS
-//! (f32 sums) — with `TESSERA_GEMV=1`, batches of at most 8 tokens through the bf16 GEMV
-//! kernel instead — or as dequantizing matvecs for Q8_0, Q4_K and FP8 weights. Activations and the
-//! residual stream are f32; the KV cache is bf16.
+//! bias and KV write in one kernel or inside the decode attention). Projections are bf16
+//! GEMMs on cuBLAS (f32 sums; with `TESSERA_GEMV=1`, batches of at most 8 tokens run the
+//! bf16 GEMV kernel) or dequantizing matvecs for Q8_0, Q4_K and FP8 weights. Activations
+//! and the residual stream are f32; the KV cache is bf16.
 //!
 //! Between ranks, the pass takes its group's collective as a [`SliceComm`]: an NCCL group
-//! all-reduces the device buffers where they are; a [`Collective`](tessera_comm::Collective) on host memory is
-//! staged through it (device → host → ring → device), the CPU collective between GPU
-//! shards that lets tp > 1 run on one GPU. The logits' all-gather is small and always goes
-//! through the host.
+//! all-reduces the device buffers where they are; a host
+//! [`Collective`](tessera_comm::Collective) is staged through it (device → host → ring →
+//! device), which lets tp > 1 run on one GPU. The logits' all-gather goes through the host.
 //!
 //! A pass ends as the step runner asks for each row that wants logits ([`RowRequest`]):
-//! with tp = 1 the device samples the rows that ask, and only their token ids cross to
-//! the host (`step`); every other row's logits cross.
+//! with tp = 1 the device samples those rows and only their token ids cross to the host
+//! (`step`); every other row's logits cross.
 
 mod graph;
 mod kv;
@@ -144,7 +143,7 @@ fn switch_from_env<T: Copy, E>(
 }
 
 /// The attention kernel `TESSERA_ATTENTION` names: `legacy` (unset or empty: the default,
-/// until the grouped kernel has run on a GPU) or `grouped`.
+/// until the others have run on a GPU), `grouped`, or `flash` (prefill; grouped decode).
 fn attention_from_env() -> Result<AttentionKernel, CudaError> {
     static CHOSEN: OnceLock<Result<AttentionKernel, String>> = OnceLock::new();
     switch_from_env(&CHOSEN, "TESSERA_ATTENTION", |value| match value {
@@ -392,14 +391,16 @@ impl CudaLlama {
         self
     }
 
-    /// What an attention index over `kv` is made for: this model's query heads and kernel,
-    /// split as the device's multiprocessors ask.
-    fn attention_target(&self, kv: &DeviceKv) -> AttentionTarget {
+    /// What an attention index over `kv` is made for: this model's query heads and kernel
+    /// (for a `decode` step, [`AttentionKernel::for_decode`]), split as the device's
+    /// multiprocessors ask.
+    fn attention_target(&self, kv: &DeviceKv, decode: bool) -> AttentionTarget {
+        let decoding = decode.then(|| self.attention.for_decode(kv.layout(), self.heads));
         AttentionTarget {
             layout: kv.layout(),
             cache_blocks: kv.num_blocks(),
             q_heads: self.heads,
-            kernel: self.attention,
+            kernel: decoding.unwrap_or(self.attention),
             partitions: None,
         }
     }
@@ -525,17 +526,19 @@ impl CudaLlama {
         ops.copy_to_device(&ix.tokens, &mut s.ids)?;
         ops.copy_to_device(&ix.positions, &mut s.positions)?;
         let slots = ops.slots(&ix.slots, kv.num_blocks() * layout.block_size)?;
+        let decode = ix.one_token_per_sequence();
+        let target = self.attention_target(kv, decode);
         let mut index = ops.attention_index(
             &ix.tables,
             ix.max_blocks,
             &ix.query_seq,
             &ix.contexts,
-            self.attention_target(kv),
+            target,
         )?;
         let mut batch = PassBatch {
             slots: &slots,
             index: &mut index,
-            decode: ix.one_token_per_sequence(),
+            decode,
         };
         self.pass(ops, s, &mut batch, kv, comm)?;
         if ix.wanted.is_empty() {

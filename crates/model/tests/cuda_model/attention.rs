@@ -131,7 +131,7 @@ pub(super) fn decode_alike(what: &str, want: &CudaLlama, got: &CudaLlama) {
 }
 
 #[test]
-fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
+fn the_grouped_and_flash_attention_kernels_match_the_legacy_one_in_the_model() {
     let Some(dev) = device() else { return };
     for_each_fixture(|fixture, llama| {
         let upload = |kernel| {
@@ -139,16 +139,18 @@ fn the_grouped_attention_kernel_matches_the_legacy_one_in_the_model() {
                 .unwrap()
                 .with_attention(kernel)
         };
-        let (legacy, grouped) = (
-            upload(AttentionKernel::Legacy),
-            upload(AttentionKernel::Grouped),
-        );
-        assert_eq!(grouped.attention(), AttentionKernel::Grouped, "{fixture}");
-        // The kernels sum in other orders (and exp differs in its last bits), so the
-        // attention output's bf16 rounding (o_proj's input) can land an ulp (2^-8) apart
-        // here and there: logits move by well under 1% of their range, where a wrong
-        // position, head or weight moves them by tens of percent.
-        let what = format!("{fixture}: grouped attention against the legacy kernel");
-        decode_alike(&what, &legacy, &grouped);
+        let legacy = upload(AttentionKernel::Legacy);
+        for kernel in [AttentionKernel::Grouped, AttentionKernel::Flash] {
+            let other = upload(kernel);
+            assert_eq!(other.attention(), kernel, "{fixture}");
+            // The kernels sum in other orders (and exp differs in its last bits), so the
+            // attention output's bf16 rounding (o_proj's input) can land an ulp (2^-8)
+            // apart here and there; the flash kernel (prefill here; decode runs grouped)
+            // also rounds q and the softmax weights to bf16 for the tensor cores (2^-9
+            // relative each). Logits move by well under 1% of their range, where a wrong
+            // position, head or weight moves them by tens of percent.
+            let what = format!("{fixture}: {kernel} attention against the legacy kernel");
+            decode_alike(&what, &legacy, &other);
+        }
     });
 }

@@ -88,27 +88,51 @@ pub enum AttentionKernel {
     /// `attention_grouped.cu`: a block per (KV head, query), 16-byte loads, online
     /// softmax; head_dim 16, 32, 64 or 128 and groups of at most 8 query heads.
     Grouped,
+    /// `attention_flash.cu` ([`super::flash`]): a block per (query head, tile of up to 64
+    /// queries of one sequence), Q·Kᵀ and P·V on the tensor cores; head_dim 16, 32, 64 or
+    /// 128. For prefill: the model runs the grouped kernel (where it serves) for decode
+    /// steps.
+    Flash,
 }
 
 impl AttentionKernel {
     /// Every kernel, by [`AttentionKernel::name`].
-    pub const ALL: [AttentionKernel; 2] = [AttentionKernel::Legacy, AttentionKernel::Grouped];
+    pub const ALL: [AttentionKernel; 3] = [
+        AttentionKernel::Legacy,
+        AttentionKernel::Grouped,
+        AttentionKernel::Flash,
+    ];
 
-    /// The name `FromStr` takes: `legacy` or `grouped`.
+    /// The name `FromStr` takes: `legacy`, `grouped` or `flash`.
     pub fn name(self) -> &'static str {
         match self {
             AttentionKernel::Legacy => "legacy",
             AttentionKernel::Grouped => "grouped",
+            AttentionKernel::Flash => "flash",
         }
     }
 
-    /// This kernel where it serves `layout` with `q_heads` query heads; the legacy one
-    /// where the grouped kernel does not ([`grouped_entry`] says why).
+    /// This kernel where it serves `layout` with `q_heads` query heads; else the grouped
+    /// one where that serves, else the legacy one ([`grouped_entry`] and
+    /// [`super::flash::flash_entry`] say why).
     pub fn for_shape(self, layout: KvLayout, q_heads: usize) -> AttentionKernel {
         match self {
+            AttentionKernel::Flash if super::flash::flash_entry(layout, q_heads).is_err() => {
+                AttentionKernel::Grouped.for_shape(layout, q_heads)
+            }
             AttentionKernel::Grouped if grouped_entry(layout, q_heads).is_err() => {
                 AttentionKernel::Legacy
             }
+            other => other,
+        }
+    }
+
+    /// The kernel of a decode step's attention where this one is chosen: the flash kernel
+    /// is for prefill (a decode query would fill one of its 64 rows), so decode steps run
+    /// the grouped kernel, where it serves the shape.
+    pub fn for_decode(self, layout: KvLayout, q_heads: usize) -> AttentionKernel {
+        match self {
+            AttentionKernel::Flash => AttentionKernel::Grouped.for_shape(layout, q_heads),
             other => other,
         }
     }
@@ -210,9 +234,11 @@ impl Ops<'_> {
         let (k_cache, v_cache) = cache;
         if index.kernel != AttentionKernel::Grouped {
             return Err(CudaError::Unsupported {
-                what: "the KV append fused into the legacy attention kernel (run \
-                       rope_kv_write, then paged_attention)"
-                    .into(),
+                what: format!(
+                    "the KV append fused into the {} attention kernel (only the grouped one \
+                     appends: run rope_kv_write, then paged_attention)",
+                    index.kernel
+                ),
             });
         }
         let queries = index.query_seq.len();
@@ -431,8 +457,26 @@ mod tests {
             assert_eq!(kernel.name().parse::<AttentionKernel>().unwrap(), kernel);
         }
         assert_eq!(AttentionKernel::default(), AttentionKernel::Legacy);
-        let err = "flash".parse::<AttentionKernel>().unwrap_err().to_string();
-        assert!(err.contains("flash") && err.contains("legacy"), "{err}");
+        let (shape, q) = (layout(2, 64), 8);
+        assert_eq!(
+            AttentionKernel::Flash.for_shape(shape, q),
+            AttentionKernel::Flash
+        );
+        assert_eq!(
+            AttentionKernel::Flash.for_decode(shape, q),
+            AttentionKernel::Grouped
+        );
+        assert_eq!(
+            AttentionKernel::Legacy.for_decode(shape, q),
+            AttentionKernel::Legacy
+        );
+        // head_dim 96: neither flash nor grouped serves it.
+        assert_eq!(
+            AttentionKernel::Flash.for_shape(layout(2, 96), q),
+            AttentionKernel::Legacy
+        );
+        let err = "paged".parse::<AttentionKernel>().unwrap_err().to_string();
+        assert!(err.contains("paged") && err.contains("flash"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use super::CudaError;
 use super::device::CudaDevice;
 
 pub mod attention;
+pub mod flash;
 mod fused;
 pub mod gemv;
 mod paged;
@@ -45,6 +46,7 @@ pub fn block_threads(entry: &str) -> Option<u32> {
         "sample_rows" => Some(SAMPLE_THREADS),
         _ if entry.starts_with("gemv_bf16_") => Some(gemv::GEMV_THREADS),
         _ if entry.starts_with("attention_grouped_") => Some(attention::GROUPED_THREADS),
+        _ if entry.starts_with("attention_flash_") => Some(flash::FLASH_THREADS),
         _ => super::source::family_of(entry).map(|_| ROW_THREADS),
     }
 }

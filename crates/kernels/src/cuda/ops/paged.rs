@@ -1,7 +1,8 @@
 //! The paged KV cache's launches: the KV write and paged attention, with the device-side
 //! index arrays (slots, block tables, contexts) they read, each checked against the cache
 //! when it is made or refilled. Attention runs the kernel its index was made for
-//! ([`AttentionKernel`]: the legacy one here, the grouped one in `attention.rs`).
+//! ([`AttentionKernel`]: the legacy one here, the grouped one in `attention.rs`, the
+//! prefill one in `flash.rs`).
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -10,7 +11,7 @@ use super::{
     ATTENTION_PART, ATTENTION_THREADS, AttentionKernel, MAX_HEAD_DIM, Ops, ROW_THREADS, check,
     grid_yz, rows, u32_of,
 };
-use crate::attention::KvLayout;
+use crate::attention::{KvLayout, flash_tiles};
 use crate::cuda::CudaError;
 
 /// Cache slots of a batch's tokens on the device, checked against the cache they index.
@@ -30,7 +31,8 @@ pub struct AttentionTarget {
     pub kernel: AttentionKernel,
     /// The grouped kernel's partitions: `None` decides them from the device's
     /// multiprocessors and the longest context (what the model does); `Some(n)` makes n
-    /// (tests of the split). The legacy kernel splits every 256 positions and takes `None`.
+    /// (tests of the split). The legacy kernel splits every 256 positions and the flash
+    /// kernel never: both take `None`.
     pub partitions: Option<usize>,
 }
 
@@ -51,6 +53,9 @@ pub struct AttentionIndex {
     pub(super) part_out: CudaSlice<f32>,
     pub(super) part_max: CudaSlice<f32>,
     pub(super) part_sum: CudaSlice<f32>,
+    /// The flash kernel's query tiles (`[first, count]` pairs, [`flash_tiles`]); `None`
+    /// for the other kernels.
+    pub(super) tiles: Option<CudaSlice<u32>>,
 }
 
 impl AttentionIndex {
@@ -200,8 +205,15 @@ impl Ops<'_> {
         let partitions = self.partitions(target, queries, longest)?;
         // The grouped kernel unsplit writes the output directly: no scratch is read.
         let parts = match (kernel, partitions) {
-            (AttentionKernel::Grouped, 1) => 1,
+            (AttentionKernel::Grouped | AttentionKernel::Flash, 1) => 1,
             _ => queries * q_heads * partitions,
+        };
+        let tiles = match kernel {
+            AttentionKernel::Flash => {
+                let pairs: Vec<u32> = flash_tiles(query_seq).into_iter().flatten().collect();
+                Some(self.upload(&pairs)?)
+            }
+            _ => None,
         };
         Ok(AttentionIndex {
             tables: self.upload(tables)?,
@@ -216,6 +228,7 @@ impl Ops<'_> {
             part_out: self.alloc(parts * layout.head_dim)?,
             part_max: self.alloc(parts)?,
             part_sum: self.alloc(parts)?,
+            tiles,
         })
     }
 
@@ -229,11 +242,19 @@ impl Ops<'_> {
     ) -> Result<usize, CudaError> {
         match (target.kernel, target.partitions) {
             (AttentionKernel::Legacy, None) => Ok(longest.div_ceil(ATTENTION_PART).max(1)),
-            (AttentionKernel::Legacy, Some(_)) => Err(CudaError::Unsupported {
-                what: "a chosen partition count with the legacy attention kernel (it splits \
-                       every 256 positions)"
-                    .into(),
-            }),
+            (AttentionKernel::Legacy | AttentionKernel::Flash, Some(_)) => {
+                Err(CudaError::Unsupported {
+                    what: format!(
+                        "a chosen partition count with the {} attention kernel (the legacy \
+                         one splits every 256 positions, the flash one never)",
+                        target.kernel
+                    ),
+                })
+            }
+            (AttentionKernel::Flash, None) => {
+                super::flash::flash_entry(target.layout, target.q_heads)?;
+                Ok(1)
+            }
             (AttentionKernel::Grouped, chosen) => {
                 grouped_entry(target.layout, target.q_heads)?;
                 let pairs = queries * target.layout.kv_heads;
@@ -284,13 +305,13 @@ impl Ops<'_> {
                 actual: bad as usize,
             });
         }
-        // The grouped kernel fits its partitions to each context; the legacy one's are
-        // 256 positions each.
+        // The grouped kernel fits its partitions to each context, and the flash kernel
+        // has none; the legacy one's are 256 positions each.
         let reach = match index.kernel {
             AttentionKernel::Legacy => {
                 (index.max_blocks * block_size).min(index.partitions * ATTENTION_PART)
             }
-            AttentionKernel::Grouped => index.max_blocks * block_size,
+            AttentionKernel::Grouped | AttentionKernel::Flash => index.max_blocks * block_size,
         };
         let longest = contexts.iter().copied().max().unwrap_or(0) as usize;
         if longest > reach || contexts.contains(&0) {
@@ -318,8 +339,8 @@ impl Ops<'_> {
     }
 
     /// [`Ops::paged_attention`], writing the output rounded to bf16 into `out16` as well
-    /// (the o projection's GEMM input) when given: the grouped kernel only, so that no
-    /// `round_bf16` launch follows it; the legacy kernel refuses it.
+    /// (the o projection's GEMM input) when given: the grouped and flash kernels, so that
+    /// no `round_bf16` launch follows them; the legacy kernel refuses it.
     pub fn paged_attention_with_bf16(
         &self,
         out: &mut CudaSlice<f32>,
@@ -353,6 +374,11 @@ impl Ops<'_> {
                 let (v, _v) = v_cache.device_ptr(&self.stream);
                 let query = super::attention::GroupedQuery::Rotated(q);
                 self.grouped_attention(out, out16, query, (k, v), layout, index)
+            }
+            (AttentionKernel::Flash, out16) => {
+                let (k, _k) = k_cache.device_ptr(&self.stream);
+                let (v, _v) = v_cache.device_ptr(&self.stream);
+                self.flash_attention(out, out16, q, (k, v), layout, index)
             }
         }
     }
