@@ -25,6 +25,14 @@
 //! or with `TESSERA_GEMV=1` and a batch of at most [`GEMV_MAX_TOKENS`] tokens the GEMV of
 //! `gemv.cu` — one launch for one, so the counts do not change.
 
+use tessera_kernels::DType;
+
+/// Whether a cuda shard keeps weights of `dtype` as stored (a matvec kernel reads them,
+/// with f32 rows); it holds every other matrix in bf16.
+pub fn device_keeps_quantized(dtype: DType) -> bool {
+    matches!(dtype, DType::Q8_0 | DType::Q4K | DType::F8E4M3)
+}
+
 /// Which launch sequence a layer runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelPath {

@@ -34,6 +34,7 @@
 
 mod convert;
 mod load;
+mod rounding;
 mod sharding;
 
 use std::sync::Mutex;
@@ -57,6 +58,7 @@ use crate::kv_cache::{KvCache, SeqCache, SeqChunk};
 use crate::weights::Weight;
 
 pub use load::LoadProgress;
+pub use rounding::DeviceRounding;
 pub(crate) use sharding::{Sharding, check_kv_layout};
 
 /// A projection with an optional bias.
@@ -159,6 +161,7 @@ struct Pass<'a> {
     heads: usize,
     kv_heads: usize,
     precision: KernelPrecision,
+    rounding: DeviceRounding,
 }
 
 impl Layer {
@@ -174,11 +177,13 @@ impl Layer {
         comm: &mut dyn Collective,
     ) -> Result<(), ModelError> {
         let c = pass.config;
-        let (hidden, eps, p) = (c.hidden_size, c.rms_norm_eps, pass.precision);
+        let (hidden, eps, p, round) =
+            (c.hidden_size, c.rms_norm_eps, pass.precision, pass.rounding);
         // One input for q, k and v: in `fast`, quantized once, each token as it is normed.
         let x = &s.x;
         let h = Input::make(&mut s.h, hidden, p, |t, h| {
             rms_norm(&x[t * hidden..][..hidden], &self.attn_norm, eps, h);
+            round.apply(h);
         })?;
         Linear::apply_many(
             [&self.q, &self.k, &self.v],
@@ -191,7 +196,7 @@ impl Layer {
         let rows =
             s.q.chunks_exact_mut(q_len)
                 .zip(s.k.chunks_exact_mut(kv_len));
-        for (t, ((q, k), v)) in rows.zip(s.v.chunks_exact(kv_len)).enumerate() {
+        for (t, ((q, k), v)) in rows.zip(s.v.chunks_exact_mut(kv_len)).enumerate() {
             if let Some(w) = &self.q_norm {
                 head_rms_norm(q, w, c.rms_norm_eps);
             }
@@ -200,6 +205,8 @@ impl Layer {
             }
             pass.rope.apply(pass.rope_tables, t, q);
             pass.rope.apply(pass.rope_tables, t, k);
+            round.apply(k);
+            round.apply(v);
             cache.write(l, pass.tables[t], pass.positions[t], k, v);
         }
         s.attn.resize(s.q.len(), 0.0);
@@ -213,12 +220,14 @@ impl Layer {
             &c.block.attention(l),
             &mut s.attn,
         );
+        round.apply(&mut s.attn);
         (self.o).apply_summed(&Input::new(&s.attn, p), &mut s.o, &mut s.wide, comm)?;
         post_norm(&mut s.o, self.post_attn_norm.as_deref(), c, &mut s.h);
         s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
         let x = &s.x;
         let h = Input::make(&mut s.h, hidden, p, |t, h| {
             rms_norm(&x[t * hidden..][..hidden], &self.ffn_norm, eps, h);
+            round.apply(h);
         })?;
         Linear::apply_many([&self.gate, &self.up], &h, [&mut s.gate, &mut s.up])?;
         drop(h);
@@ -229,6 +238,7 @@ impl Layer {
                 Activation::Silu => silu_mul_row(gate, up),
                 Activation::GeluTanh => gelu_tanh_mul_row(gate, up),
             }
+            round.apply(gate);
         })?;
         (self.down).apply_summed(&gated, &mut s.down, &mut s.wide, comm)?;
         drop(gated);
@@ -271,6 +281,8 @@ pub struct Llama {
     dequantized: Vec<String>,
     /// How its CPU matmuls treat activations (the GPU path ignores it).
     precision: Precision,
+    /// What the CPU pass rounds as the cuda path does ([`Llama::round_like_cuda`]).
+    rounding: DeviceRounding,
     /// What the CPU pass keeps from step to step.
     workspace: Mutex<Workspace>,
 }
@@ -329,6 +341,30 @@ impl Llama {
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// Every matrix: the token embedding first, then the LM head (when not tied), then
+    /// each layer's q, k, v, o, gate, up and down.
+    pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        let mut matrices = vec![&mut self.embed];
+        matrices.extend(self.lm_head.as_mut());
+        for l in &mut self.layers {
+            let linears = [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.o,
+                &mut l.gate,
+                &mut l.up,
+            ];
+            matrices.extend(
+                linears
+                    .into_iter()
+                    .chain([&mut l.down])
+                    .map(|l| &mut l.weight),
+            );
+        }
+        matrices
     }
 
     fn kernel_precision(&self) -> KernelPrecision {
@@ -457,6 +493,7 @@ impl Llama {
             heads: plan.heads.len(),
             kv_heads: plan.kv_heads.len(),
             precision: self.kernel_precision(),
+            rounding: self.rounding,
         };
         for (l, layer) in self.layers.iter().enumerate() {
             layer.run(l, &pass, s, cache, comm)?;
@@ -466,6 +503,7 @@ impl Llama {
         for (&t, out) in wanted.iter().zip(normed.chunks_exact_mut(hidden)) {
             let x = &s.x[t * hidden..(t + 1) * hidden];
             rms_norm(x, &self.final_norm, c.rms_norm_eps, out);
+            self.rounding.apply(out);
         }
         self.logits(normed, rows, comm)
     }

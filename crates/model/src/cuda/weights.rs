@@ -8,7 +8,7 @@ use tessera_kernels::DType;
 use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, DevicePtr, DevicePtrMut, Ops};
 
 use crate::error::ModelError;
-use crate::launch_plan::Gemm;
+use crate::launch_plan::{Gemm, device_keeps_quantized};
 use crate::llama::Linear;
 use crate::weights::Weight;
 
@@ -31,11 +31,6 @@ pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
     Ok(out)
 }
 
-/// Whether the device keeps weights of `dtype` as stored (a matvec kernel reads them).
-fn stays_quantized(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4K | DType::F8E4M3)
-}
-
 /// The quantized types among `weights` that no device kernel reads, so that they are
 /// dequantized to bf16 at upload (Q5_0, Q2_K, IQ4_XS, ...), each once, in the order met.
 pub(crate) fn dequantized_at_upload<'w>(
@@ -43,7 +38,7 @@ pub(crate) fn dequantized_at_upload<'w>(
 ) -> Vec<DType> {
     let mut types = Vec::new();
     for w in weights {
-        if w.dtype.is_quantized() && !stays_quantized(w.dtype) && !types.contains(&w.dtype) {
+        if w.dtype.is_quantized() && !device_keeps_quantized(w.dtype) && !types.contains(&w.dtype) {
             types.push(w.dtype);
         }
     }
@@ -92,7 +87,7 @@ impl DeviceLinear {
             });
         }
         let same_type = parts.iter().all(|p| p.weight.dtype == first.dtype);
-        let matrix = if keep_quantized && same_type && stays_quantized(first.dtype) {
+        let matrix = if keep_quantized && same_type && device_keeps_quantized(first.dtype) {
             let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.weight.bytes().len()).sum());
             for p in parts {
                 bytes.extend_from_slice(p.weight.bytes());

@@ -72,22 +72,8 @@ impl Llama {
                 }
             }
         }
-        convert(&mut self.embed)?;
-        if let Some(head) = &mut self.lm_head {
-            convert(head)?;
-        }
-        for layer in &mut self.layers {
-            for linear in [
-                &mut layer.q,
-                &mut layer.k,
-                &mut layer.v,
-                &mut layer.o,
-                &mut layer.gate,
-                &mut layer.up,
-                &mut layer.down,
-            ] {
-                convert(&mut linear.weight)?;
-            }
+        for w in self.matrices_mut() {
+            convert(w)?;
         }
         if converted > 0 {
             info!(

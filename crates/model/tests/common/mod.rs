@@ -39,3 +39,5 @@ pub fn expected(model: &str) -> Expected {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+pub mod twin;
