@@ -228,6 +228,16 @@ fn attend_head_with<const HD: usize>(
     }
 }
 
+/// Tolerance of the grouped CUDA kernel (`attention_grouped.cu`) against
+/// [`paged_attention`], relative to max(|value|, 1), on the GPU and under the CPU emulation
+/// (`tests/emulated.rs`): both read the same bf16-rounded K/V and f32 q, so what differs
+/// is f32 summation order (dots of ≤ 128 products; sums over ≤ 4,097 positions, split or
+/// not) and `ex2.approx` (2 ulp) against the twin's `exp`. Each output is a convex
+/// combination of |v| ≤ 1, so these stay near 1e-6 (the emulated kernel is within 3e-7 of
+/// an f64 reference); 1e-4 leaves room for the device's rounding while a wrong position,
+/// head or partition weight is off by far more.
+pub const GROUPED_TOLERANCE: f32 = 1e-4;
+
 /// The plain reference: contiguous K/V (`len × kv_heads × head_dim`), one query head at a
 /// time, every position masked explicitly (no span arithmetic), f64 softmax.
 #[allow(clippy::too_many_arguments)] // mirrors paged_attention plus the contiguous K/V

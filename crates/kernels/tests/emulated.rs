@@ -4,8 +4,9 @@
 //! that a kernel that has not run on a GPU is still held to its CPU twin on every CI run.
 //! The emulation's own test (`emu/test_mma.cpp`) runs first: the mma against a plain
 //! matrix product, shuffles, barriers, and its checks of a warp or block that does not
-//! meet. The kernel may differ from its twin by the twin's bound plus
-//! `FLASH_ORDER_TOLERANCE`, as on the GPU (`paged_case/flash.rs`). Without a C++ compiler
+//! meet. Then the flash prefill kernel, held to its twin's bound plus
+//! `FLASH_ORDER_TOLERANCE`, and the grouped decode kernel, held to `GROUPED_TOLERANCE`
+//! against the CPU's attention, as on the GPU (`gpu.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -18,7 +19,10 @@ use std::process::Command;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
-use tessera_kernels::attention::{KvLayout, PagedKv, flash_reference, flash_tiles};
+use tessera_kernels::attention::{
+    AttentionParams, GROUPED_TOLERANCE, KvLayout, PagedKv, flash_reference, flash_tiles,
+    paged_attention,
+};
 
 fn emu_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emu")
@@ -75,8 +79,8 @@ fn the_emulation_passes_its_own_test() {
     );
 }
 
-/// One batch of the prefill kernel: a paged cache and its queries.
-struct FlashCase {
+/// One batch of an attention kernel: a paged cache and its queries.
+struct Batch {
     layout: KvLayout,
     q_heads: usize,
     window: Option<usize>,
@@ -94,7 +98,7 @@ fn bf16_values(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-impl FlashCase {
+impl Batch {
     /// Sequences of `lens` positions, their blocks in reverse order over the pool; each
     /// `(sequence, contexts)` of `chunks` is a run of queries.
     fn new(
@@ -103,7 +107,7 @@ impl FlashCase {
         lens: &[usize],
         chunks: &[(u32, std::ops::Range<u32>)],
         window: Option<usize>,
-    ) -> FlashCase {
+    ) -> Batch {
         let per_seq: Vec<usize> = lens.iter().map(|l| l.div_ceil(layout.block_size)).collect();
         let total: usize = per_seq.iter().sum();
         let mut ids: Vec<u32> = (0..total as u32).rev().collect();
@@ -114,7 +118,7 @@ impl FlashCase {
             query_seq.extend(std::iter::repeat_n(*seq, range.len()));
             contexts.extend(range.clone());
         }
-        FlashCase {
+        Batch {
             layout,
             q_heads,
             window,
@@ -127,8 +131,9 @@ impl FlashCase {
         }
     }
 
-    /// The emulator's input file (`emu/flash_main.cpp` says its layout).
-    fn input(&self, tiles: &[[u32; 2]]) -> Vec<u8> {
+    /// A driver's input file (`emu_io::PagedBatch` in `emu/io.h`): the header, whose last
+    /// word is `last`, the tables, queries and contexts, K, V and q, then `extra`.
+    fn input(&self, last: usize, extra: &[u32]) -> Vec<u8> {
         let max_blocks = self.tables.iter().map(Vec::len).max().unwrap_or(1);
         let blocks = self.k.len() / self.layout.block_len();
         let head = [
@@ -141,7 +146,7 @@ impl FlashCase {
             self.query_seq.len(),
             self.tables.len(),
             blocks,
-            tiles.len(),
+            last,
         ];
         let mut bytes: Vec<u8> = Vec::new();
         let mut u32s = |values: &mut dyn Iterator<Item = u32>| {
@@ -156,14 +161,62 @@ impl FlashCase {
         }));
         u32s(&mut self.query_seq.iter().copied());
         u32s(&mut self.contexts.iter().copied());
-        u32s(&mut tiles.iter().flatten().copied());
         for x in self.k.iter().chain(&self.v) {
             bytes.extend(bf16::from_f32(*x).to_bits().to_le_bytes());
         }
         for x in &self.q {
             bytes.extend(x.to_le_bytes());
         }
+        extra.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
         bytes
+    }
+
+    /// The emulated kernel's output through the driver `exe` (in `dir`) on `input`: the
+    /// f32 output and its bf16 copy.
+    fn run(&self, exe: &Path, dir: &Path, input: &[u8]) -> (Vec<f32>, Vec<u16>) {
+        let (at, back) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&at, input).unwrap();
+        let run = Command::new(exe).arg(&at).arg(&back).output().unwrap();
+        assert!(
+            run.status.success(),
+            "{}: {}",
+            exe.display(),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let bytes = std::fs::read(&back).unwrap();
+        let n = self.q.len();
+        assert_eq!(bytes.len(), n * 6, "the emulator's output");
+        let got = (bytes[..n * 4].chunks_exact(4))
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let got16 = (bytes[n * 4..].chunks_exact(2))
+            .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (got, got16)
+    }
+
+    /// Each query's block table, and the positions it sees.
+    fn rows(&self) -> (Vec<&[u32]>, Vec<usize>) {
+        let rows = self.query_seq.iter().map(|&s| &self.tables[s as usize][..]);
+        (
+            rows.collect(),
+            self.contexts.iter().map(|&c| c as usize).collect(),
+        )
+    }
+
+    fn kv(&self) -> PagedKv<'_> {
+        PagedKv {
+            layout: self.layout,
+            k: &self.k,
+            v: &self.v,
+        }
+    }
+}
+
+/// `got16` is `got` rounded to bf16, value for value.
+fn rounds_to(what: &str, got: &[f32], got16: &[u16]) {
+    for (j, (g, g16)) in got.iter().zip(got16).enumerate() {
+        assert_eq!(*g16, bf16::from_f32(*g).to_bits(), "{what}[{j}] in bf16");
     }
 }
 
@@ -189,51 +242,90 @@ fn the_flash_kernel_emulated_is_its_twin_up_to_summation_order() {
         let chunks = [(0, 38..188), (1, 201..202), (2, 1..4), (3, 4001..4071)];
         let window = [None, Some(50)][i % 2];
         let lens = [187, 201, 3, 4070];
-        let case = FlashCase::new(&mut rng, (layout, q_heads), &lens, &chunks, window);
+        let case = Batch::new(&mut rng, (layout, q_heads), &lens, &chunks, window);
         let tiles = flash_tiles(&case.query_seq);
-        let (input, output) = (dir.path().join("in.bin"), dir.path().join("out.bin"));
-        std::fs::write(&input, case.input(&tiles)).unwrap();
-        let run = Command::new(&exe)
-            .arg(&input)
-            .arg(&output)
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "flash_main: {}",
-            String::from_utf8_lossy(&run.stderr)
+        let pairs: Vec<u32> = tiles.iter().flatten().copied().collect();
+        let (got, got16) = case.run(&exe, dir.path(), &case.input(tiles.len(), &pairs));
+        let (rows, visible) = case.rows();
+        let twin = flash_reference(
+            &case.q,
+            &case.kv(),
+            (&rows, &visible),
+            q_heads,
+            window,
+            &tiles,
         );
-        let bytes = std::fs::read(&output).unwrap();
-        let n = case.q.len();
-        assert_eq!(bytes.len(), n * 6, "the emulator's output");
-        let got: Vec<f32> = bytes[..n * 4]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        let got16: Vec<u16> = bytes[n * 4..]
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-
-        let rows: Vec<&[u32]> = case
-            .query_seq
-            .iter()
-            .map(|&s| &case.tables[s as usize][..])
-            .collect();
-        let visible: Vec<usize> = case.contexts.iter().map(|&c| c as usize).collect();
-        let kv = PagedKv {
-            layout,
-            k: &case.k,
-            v: &case.v,
-        };
-        let twin = flash_reference(&case.q, &kv, (&rows, &visible), q_heads, window, &tiles);
         let what = format!("flash d{head_dim}, {q_heads}/{kv_heads} heads, window {window:?}");
         let worst = twin
             .compare(&got, q_heads, head_dim)
             .unwrap_or_else(|e| panic!("{what}{e}"));
-        for (j, (g, g16)) in got.iter().zip(&got16).enumerate() {
-            assert_eq!(*g16, bf16::from_f32(*g).to_bits(), "{what}[{j}] in bf16");
-        }
+        rounds_to(&what, &got, &got16);
+        let n = got.len();
         eprintln!("{what}: {n} values, worst {worst:.2e} from the twin");
+    }
+}
+
+/// The grouped decode kernel and its reduce: GQA 1, 3 (run as 4, its padding heads
+/// unwritten), 4 and 8; head_dim 16, 32, 64 and 128; decode queries on both sides of the
+/// cache blocks' edges and of the partitions' lengths, up to 4,097 positions, and a
+/// 5-token chunk of a prompt; unsplit, split 3 ways and 64 ways; with and without a
+/// sliding window. Every output within [`GROUPED_TOLERANCE`] of the CPU's attention, and
+/// the bf16 copy the rounded output.
+#[test]
+fn the_grouped_kernel_emulated_is_its_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = compiled("grouped_main.cpp", dir.path()) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(43);
+    let shapes = [(2, 2, 64), (2, 6, 32), (2, 8, 128), (1, 8, 64), (4, 4, 16)];
+    let decode = [1u32, 15, 17, 100, 255, 257, 1000, 4097];
+    let mut chunks: Vec<(u32, std::ops::Range<u32>)> = (decode.iter().enumerate())
+        .map(|(s, &c)| (s as u32, c..c + 1))
+        .collect();
+    chunks.push((decode.len() as u32, 60..65));
+    let mut lens: Vec<usize> = decode.iter().map(|&c| c as usize).collect();
+    lens.push(64);
+    for (i, (kv_heads, q_heads, head_dim)) in shapes.into_iter().enumerate() {
+        let layout = KvLayout {
+            block_size: 16,
+            kv_heads,
+            head_dim,
+        };
+        let window = [None, Some(100)][i % 2];
+        let case = Batch::new(&mut rng, (layout, q_heads), &lens, &chunks, window);
+        let (rows, visible) = case.rows();
+        let mut want = vec![0.0f32; case.q.len()];
+        let params = AttentionParams {
+            window,
+            ..AttentionParams::causal(head_dim)
+        };
+        paged_attention(
+            &case.q,
+            &case.kv(),
+            &rows,
+            &visible,
+            q_heads,
+            &params,
+            &mut want,
+        );
+        for partitions in [1, 3, 64] {
+            let (got, got16) = case.run(&exe, dir.path(), &case.input(partitions, &[]));
+            let what = format!(
+                "grouped d{head_dim}, {q_heads}/{kv_heads} heads, window {window:?}, \
+                 {partitions} partitions"
+            );
+            let mut worst = 0.0f32;
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                let err = (g - w).abs() / w.abs().max(1.0);
+                assert!(
+                    err <= GROUPED_TOLERANCE,
+                    "{what}[{j}]: {g} vs {w} (allowed {GROUPED_TOLERANCE})"
+                );
+                worst = worst.max(err);
+            }
+            rounds_to(&what, &got, &got16);
+            eprintln!("{what}: worst {worst:.2e} from the twin");
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
+pub use tessera_kernels::attention::GROUPED_TOLERANCE;
 use tessera_kernels::attention::{AttentionParams, KvLayout, PagedKv, paged_attention};
 use tessera_kernels::cuda::ops::Ops;
 use tessera_kernels::cuda::{AttentionIndex, AttentionKernel, AttentionTarget};
@@ -128,14 +129,6 @@ impl PagedCase {
         ops.download(&out).unwrap()
     }
 }
-
-/// Tolerance of the grouped kernel against its twin: both read the same bf16-rounded K/V
-/// and f32 q, so what differs is f32 summation order (dots of ≤ 128 products; sums over ≤
-/// 4,097 positions, split or not) and `ex2.approx` (2 ulp) against the twin's `exp`. Each
-/// output is a convex combination of |v| ≤ 1, so these stay near 1e-6 (a CPU emulation of
-/// the kernel measured ≤ 3e-7 against an f64 reference); 1e-4 leaves room for the
-/// device's rounding while a wrong position, head or partition weight is off by far more.
-pub const GROUPED_TOLERANCE: f32 = 1e-4;
 
 #[test]
 fn both_attention_kernels_slide_a_window() {
