@@ -6,7 +6,8 @@
 //! matrix product, shuffles, barriers, and its checks of a warp or block that does not
 //! meet. Then the flash prefill kernel, held to its twin's bound plus
 //! `FLASH_ORDER_TOLERANCE`, and the grouped decode kernel, held to `GROUPED_TOLERANCE`
-//! against the CPU's attention, as on the GPU (`gpu.rs`). Without a C++ compiler
+//! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), as on
+//! the GPU (`gpu.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -15,6 +16,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "emulated/append.rs"]
+mod append;
+mod common;
 
 use half::bf16;
 use rand::rngs::StdRng;
@@ -133,7 +138,7 @@ impl Batch {
 
     /// A driver's input file (`emu_io::PagedBatch` in `emu/io.h`): the header, whose last
     /// word is `last`, the tables, queries and contexts, K, V and q, then `extra`.
-    fn input(&self, last: usize, extra: &[u32]) -> Vec<u8> {
+    fn input(&self, last: usize, extra: &[u8]) -> Vec<u8> {
         let max_blocks = self.tables.iter().map(Vec::len).max().unwrap_or(1);
         let blocks = self.k.len() / self.layout.block_len();
         let head = [
@@ -167,13 +172,13 @@ impl Batch {
         for x in &self.q {
             bytes.extend(x.to_le_bytes());
         }
-        extra.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
+        bytes.extend(extra);
         bytes
     }
 
     /// The emulated kernel's output through the driver `exe` (in `dir`) on `input`: the
-    /// f32 output and its bf16 copy.
-    fn run(&self, exe: &Path, dir: &Path, input: &[u8]) -> (Vec<f32>, Vec<u16>) {
+    /// f32 output and its bf16 copy (and what the driver writes after them, in `rest`).
+    fn run(&self, exe: &Path, dir: &Path, input: &[u8]) -> (Vec<f32>, Vec<u16>, Vec<u8>) {
         let (at, back) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&at, input).unwrap();
         let run = Command::new(exe).arg(&at).arg(&back).output().unwrap();
@@ -183,16 +188,14 @@ impl Batch {
             exe.display(),
             String::from_utf8_lossy(&run.stderr)
         );
-        let bytes = std::fs::read(&back).unwrap();
-        let n = self.q.len();
-        assert_eq!(bytes.len(), n * 6, "the emulator's output");
+        let mut bytes = std::fs::read(&back).unwrap();
+        let n = self.query_seq.len() * self.q_heads * self.layout.head_dim;
+        assert!(bytes.len() >= n * 6, "the emulator's output");
+        let rest = bytes.split_off(n * 6);
         let got = (bytes[..n * 4].chunks_exact(4))
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        let got16 = (bytes[n * 4..].chunks_exact(2))
-            .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (got, got16)
+        (got, u16s(&bytes[n * 4..]), rest)
     }
 
     /// Each query's block table, and the positions it sees.
@@ -211,6 +214,13 @@ impl Batch {
             v: &self.v,
         }
     }
+}
+
+/// Little-endian u16s.
+fn u16s(bytes: &[u8]) -> Vec<u16> {
+    (bytes.chunks_exact(2))
+        .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 /// `got16` is `got` rounded to bf16, value for value.
@@ -244,8 +254,12 @@ fn the_flash_kernel_emulated_is_its_twin_up_to_summation_order() {
         let lens = [187, 201, 3, 4070];
         let case = Batch::new(&mut rng, (layout, q_heads), &lens, &chunks, window);
         let tiles = flash_tiles(&case.query_seq);
-        let pairs: Vec<u32> = tiles.iter().flatten().copied().collect();
-        let (got, got16) = case.run(&exe, dir.path(), &case.input(tiles.len(), &pairs));
+        let pairs: Vec<u8> = tiles
+            .iter()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let (got, got16, _) = case.run(&exe, dir.path(), &case.input(tiles.len(), &pairs));
         let (rows, visible) = case.rows();
         let twin = flash_reference(
             &case.q,
@@ -310,7 +324,7 @@ fn the_grouped_kernel_emulated_is_its_twin() {
             &mut want,
         );
         for partitions in [1, 3, 64] {
-            let (got, got16) = case.run(&exe, dir.path(), &case.input(partitions, &[]));
+            let (got, got16, _) = case.run(&exe, dir.path(), &case.input(partitions, &[]));
             let what = format!(
                 "grouped d{head_dim}, {q_heads}/{kv_heads} heads, window {window:?}, \
                  {partitions} partitions"

@@ -20,6 +20,7 @@ use tessera_kernels::cuda::{CudaDevice, PtxCache};
 use tessera_kernels::quant::{dequantize_row, fp8, quantize_row_q8_0};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
+mod common;
 mod fused_case;
 mod gemv_case;
 mod paged_case;

@@ -13,31 +13,9 @@ use tessera_kernels::cuda::{Append, CudaSlice, RopeKv, Slots};
 use tessera_kernels::fused::{self, QkvRow};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
+use super::common::close_bf16;
 use super::paged_case::PagedCase;
 use super::{GROUPED_TOLERANCE, close, device, ops, random, to_bf16};
-
-/// Each bf16 of `got` is `want`'s or a neighbour (one unit in the last place); returns how
-/// many were neighbours.
-#[track_caller]
-fn close_bf16(what: &str, got: &[u16], want: &[u16]) -> usize {
-    assert_eq!(got.len(), want.len(), "{what}");
-    // As a monotonic integer: negative values count down from zero.
-    let ordered = |b: u16| {
-        let m = i32::from(b & 0x7fff);
-        if b & 0x8000 != 0 { -m } else { m }
-    };
-    let mut flipped = 0;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let d = (ordered(g) - ordered(w)).abs();
-        assert!(d <= 1, "{what}[{i}]: bf16 {g:#06x} vs the twin's {w:#06x}");
-        flipped += usize::from(d == 1);
-    }
-    eprintln!(
-        "{what}: {} bf16 values, {flipped} rounded to the twin's neighbour",
-        got.len()
-    );
-    flipped
-}
 
 #[test]
 fn rmsnorm_residual_bf16_matches_its_twin() {
