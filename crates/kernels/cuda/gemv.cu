@@ -21,6 +21,7 @@
 #define GEMV_ROWS 2
 #define GEMV_UNROLL 2
 
+#ifndef TESSERA_EMULATE
 // 16 bytes of weights, streamed: read-only, not kept in L1.
 __device__ __forceinline__ uint4 load_weights(const uint4* p) {
     uint4 v;
@@ -38,6 +39,15 @@ __device__ __forceinline__ uint4 load_activations(const uint4* p) {
         : "l"(p));
     return v;
 }
+#else
+// The CPU emulation (crates/kernels/tests/emu) has no PTX: plain loads, the same values.
+__device__ __forceinline__ uint4 load_weights(const uint4* p) {
+    return *p;
+}
+__device__ __forceinline__ uint4 load_activations(const uint4* p) {
+    return *p;
+}
+#endif
 
 template <int T>
 __device__ __forceinline__ void gemv_bf16(

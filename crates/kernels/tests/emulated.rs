@@ -6,8 +6,8 @@
 //! matrix product, shuffles, barriers, and its checks of a warp or block that does not
 //! meet. Then the flash prefill kernel, held to its twin's bound plus
 //! `FLASH_ORDER_TOLERANCE`, and the grouped decode kernel, held to `GROUPED_TOLERANCE`
-//! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), as on
-//! the GPU (`gpu.rs`). Without a C++ compiler
+//! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), and
+//! the bf16 GEMV against its twin (`emulated/gemv.rs`), as on the GPU (`gpu.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -20,6 +20,8 @@ use std::process::Command;
 #[path = "emulated/append.rs"]
 mod append;
 mod common;
+#[path = "emulated/gemv.rs"]
+mod gemv;
 
 use half::bf16;
 use rand::rngs::StdRng;
