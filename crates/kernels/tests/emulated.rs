@@ -7,7 +7,8 @@
 //! meet. Then the flash prefill kernel, held to its twin's bound plus
 //! `FLASH_ORDER_TOLERANCE`, and the grouped decode kernel, held to `GROUPED_TOLERANCE`
 //! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), and
-//! the bf16 GEMV against its twin (`emulated/gemv.rs`), as on the GPU (`gpu.rs`). Without a C++ compiler
+//! the bf16 GEMV and the fused layer's norm and activation against their twins
+//! (`emulated/gemv.rs`, `emulated/fused.rs`), as on the GPU (`gpu.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -20,6 +21,8 @@ use std::process::Command;
 #[path = "emulated/append.rs"]
 mod append;
 mod common;
+#[path = "emulated/fused.rs"]
+mod fused;
 #[path = "emulated/gemv.rs"]
 mod gemv;
 
@@ -181,23 +184,11 @@ impl Batch {
     /// The emulated kernel's output through the driver `exe` (in `dir`) on `input`: the
     /// f32 output and its bf16 copy (and what the driver writes after them, in `rest`).
     fn run(&self, exe: &Path, dir: &Path, input: &[u8]) -> (Vec<f32>, Vec<u16>, Vec<u8>) {
-        let (at, back) = (dir.join("in.bin"), dir.join("out.bin"));
-        std::fs::write(&at, input).unwrap();
-        let run = Command::new(exe).arg(&at).arg(&back).output().unwrap();
-        assert!(
-            run.status.success(),
-            "{}: {}",
-            exe.display(),
-            String::from_utf8_lossy(&run.stderr)
-        );
-        let mut bytes = std::fs::read(&back).unwrap();
+        let mut bytes = drive(exe, dir, input);
         let n = self.query_seq.len() * self.q_heads * self.layout.head_dim;
         assert!(bytes.len() >= n * 6, "the emulator's output");
         let rest = bytes.split_off(n * 6);
-        let got = (bytes[..n * 4].chunks_exact(4))
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (got, u16s(&bytes[n * 4..]), rest)
+        (f32s(&bytes[..n * 4]), u16s(&bytes[n * 4..]), rest)
     }
 
     /// Each query's block table, and the positions it sees.
@@ -216,6 +207,27 @@ impl Batch {
             v: &self.v,
         }
     }
+}
+
+/// What the driver `exe` writes for `input` (the files in `dir`).
+fn drive(exe: &Path, dir: &Path, input: &[u8]) -> Vec<u8> {
+    let (at, back) = (dir.join("in.bin"), dir.join("out.bin"));
+    std::fs::write(&at, input).unwrap();
+    let run = Command::new(exe).arg(&at).arg(&back).output().unwrap();
+    assert!(
+        run.status.success(),
+        "{}: {}",
+        exe.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    std::fs::read(&back).unwrap()
+}
+
+/// Little-endian f32s.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
 }
 
 /// Little-endian u16s.

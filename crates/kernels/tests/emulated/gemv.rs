@@ -3,12 +3,11 @@
 //! order, within the GPU test's 1e-4 (relative, at least 1 in the denominator).
 
 use std::path::Path;
-use std::process::Command;
 
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 
-use super::{bf16_values, compiled};
+use super::{bf16_values, compiled, drive, f32s};
 
 /// `ys[t, r] = Σ_c W[r, c] · xs[t, c]`, each sum in f32 in column order.
 fn twin(w: &[f32], xs: &[f32], (rows, cols): (usize, usize)) -> Vec<f32> {
@@ -30,19 +29,9 @@ fn run(exe: &Path, dir: &Path, w: &[f32], xs: &[f32], shape: [usize; 4]) -> Vec<
         .for_each(|&x| input.extend((x as u32).to_le_bytes()));
     let bits = w.iter().chain(&xs[..offset + tokens * cols]);
     bits.for_each(|&x| input.extend(half::bf16::from_f32(x).to_bits().to_le_bytes()));
-    let (at, back) = (dir.join("gemv.in"), dir.join("gemv.out"));
-    std::fs::write(&at, input).unwrap();
-    let out = Command::new(exe).arg(&at).arg(&back).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes = std::fs::read(&back).unwrap();
+    let bytes = drive(exe, dir, &input);
     assert_eq!(bytes.len(), tokens * rows * 4, "the emulator's output");
-    (bytes.chunks_exact(4))
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    f32s(&bytes)
 }
 
 /// 1 to 8 tokens on three shapes: whole 16-byte loads over 2,048 and 8,192 columns (rows
