@@ -25,9 +25,10 @@ mod graph;
 mod kv;
 mod layer;
 mod step;
+mod switches;
 mod weights;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_kernels::attention::KvLayout;
@@ -41,7 +42,7 @@ use crate::batch::BatchIndex;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::{DEFAULT_BLOCK_SIZE, SeqChunk};
-use crate::launch_plan::{GEMV_MAX_TOKENS, Gemm, KernelPath};
+use crate::launch_plan::{Gemm, KernelPath};
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
 use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 use crate::slice::SliceComm;
@@ -50,6 +51,7 @@ use kv::{Scratch, Widths};
 use layer::PassBatch;
 use step::StepBuffers;
 pub use step::{DEFAULT_STEP_ROWS, PassTiming};
+use switches::{attention_from_env, gemm_from_env, path_from_env};
 use weights::{DeviceLinear, Input};
 
 /// The projections attention reads: q, k and v separately (the legacy path), or stacked
@@ -104,12 +106,12 @@ pub struct CudaLlama {
     lm_head: Option<DeviceLinear>,
     inv_freq: CudaSlice<f32>,
     pairing: u32,
-    /// The paged-attention kernel of every pass ([`attention_from_env`], fitted to the shape).
+    /// The paged-attention kernel of every pass (`TESSERA_ATTENTION`, fitted to the shape).
     attention: AttentionKernel,
-    /// The launch sequence of every layer ([`path_from_env`]).
+    /// The launch sequence of every layer (`TESSERA_FUSED`).
     path: KernelPath,
-    /// The kernel of the bf16 projections of small batches ([`gemm_from_env`]; a batch
-    /// of more than [`GEMV_MAX_TOKENS`] tokens runs on cuBLAS whatever it says).
+    /// The kernel of the bf16 projections of small batches (`TESSERA_GEMV`; a batch
+    /// of more than [`crate::launch_plan::GEMV_MAX_TOKENS`] tokens runs on cuBLAS whatever it says).
     gemm: Gemm,
 }
 
@@ -124,54 +126,6 @@ impl std::fmt::Debug for CudaLlama {
             .finish()
     }
 }
-
-/// The kernel switch `var` names, read from the environment once per process into
-/// `chosen` and parsed by `parse` (unset is `None`); Err: the value `parse` refused, for
-/// the caller's error, which says what to change. The switches are read at a model's
-/// upload, so a bad value fails it.
-fn switch_from_env<T: Copy, E>(
-    chosen: &'static OnceLock<Result<T, String>>,
-    var: &str,
-    parse: impl FnOnce(Option<&str>) -> Result<T, E>,
-) -> Result<T, String> {
-    chosen
-        .get_or_init(|| {
-            let value = std::env::var(var).ok();
-            parse(value.as_deref()).map_err(|_| value.unwrap_or_default())
-        })
-        .clone()
-}
-
-/// The attention kernel `TESSERA_ATTENTION` names: `legacy` (unset or empty: the default,
-/// until the others have run on a GPU), `grouped`, or `flash` (prefill; grouped decode).
-fn attention_from_env() -> Result<AttentionKernel, CudaError> {
-    static CHOSEN: OnceLock<Result<AttentionKernel, String>> = OnceLock::new();
-    switch_from_env(&CHOSEN, "TESSERA_ATTENTION", |value| match value {
-        Some(name) if !name.is_empty() => name.parse(),
-        _ => Ok(AttentionKernel::default()),
-    })
-    .map_err(|name| CudaError::UnknownAttention { name })
-}
-
-/// The launch sequence `TESSERA_FUSED` names: `0` (unset or empty: the default, until the
-/// fused kernels have run on a GPU) or `1`.
-fn path_from_env() -> Result<KernelPath, ModelError> {
-    static CHOSEN: OnceLock<Result<KernelPath, String>> = OnceLock::new();
-    switch_from_env(&CHOSEN, "TESSERA_FUSED", KernelPath::from_env_value)
-        .map_err(|name| ModelError::UnknownKernelPath { name })
-}
-
-/// The kernel of small batches' bf16 projections `TESSERA_GEMV` names: `0` (unset or
-/// empty: cuBLAS, the default until the GEMV has run on a GPU) or `1` (the GEMV for
-/// batches of at most 8 tokens).
-fn gemm_from_env() -> Result<Gemm, ModelError> {
-    static CHOSEN: OnceLock<Result<Gemm, String>> = OnceLock::new();
-    switch_from_env(&CHOSEN, "TESSERA_GEMV", Gemm::from_env_value)
-        .map_err(|name| ModelError::UnknownGemm { name })
-}
-
-// The launch plan decides the GEMV without the kernels' CUDA module; the two agree.
-const _: () = assert!(GEMV_MAX_TOKENS == tessera_kernels::cuda::GEMV_MAX_TOKENS);
 
 /// A weight with no bias, as a projection.
 fn bare(weight: &crate::weights::Weight) -> Linear {
@@ -368,7 +322,7 @@ impl CudaLlama {
         self.path
     }
 
-    /// The kernel of the bf16 projections of batches of at most [`GEMV_MAX_TOKENS`]
+    /// The kernel of the bf16 projections of batches of at most [`crate::launch_plan::GEMV_MAX_TOKENS`]
     /// tokens (larger ones always run on cuBLAS).
     pub fn gemm(&self) -> Gemm {
         self.gemm
@@ -395,12 +349,16 @@ impl CudaLlama {
     /// (for a `decode` step, [`AttentionKernel::for_decode`]), split as the device's
     /// multiprocessors ask.
     fn attention_target(&self, kv: &DeviceKv, decode: bool) -> AttentionTarget {
-        let decoding = decode.then(|| self.attention.for_decode(kv.layout(), self.heads));
+        let kernel = if decode {
+            self.attention.for_decode(kv.layout(), self.heads)
+        } else {
+            self.attention
+        };
         AttentionTarget {
             layout: kv.layout(),
             cache_blocks: kv.num_blocks(),
             q_heads: self.heads,
-            kernel: decoding.unwrap_or(self.attention),
+            kernel,
             partitions: None,
         }
     }
