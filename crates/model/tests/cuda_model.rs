@@ -175,8 +175,13 @@ fn every_fixture_on_the_device_matches_the_cpu() {
         let mut kv = model.new_cache(16 << 20).unwrap();
         let gpu = cuda_logits(&model, &mut kv, &PROMPT, &follow, &mut Solo::default());
         let cpu = cpu_logits(&llama, &PROMPT, &follow);
-        compare_within(fixture, &cpu, &gpu, f32::INFINITY);
         if let Ok(twin) = twin::twin(&path, &PROMPT, &follow) {
+            // Reported, as the H200 run's figures were: the device against the f32 path.
+            let (off, step) = twin::worst(&cpu, &gpu);
+            say(format!(
+                "{fixture}: {:.2}% of the range from the f32 CPU path (step {step})",
+                100.0 * off
+            ));
             let what = format!("{fixture} against the CPU twin of its roundings");
             compare_within(&what, &twin.logits, &gpu, twin.tolerance);
         } else {
