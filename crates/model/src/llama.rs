@@ -356,13 +356,9 @@ impl Llama {
                 &mut l.o,
                 &mut l.gate,
                 &mut l.up,
+                &mut l.down,
             ];
-            matrices.extend(
-                linears
-                    .into_iter()
-                    .chain([&mut l.down])
-                    .map(|l| &mut l.weight),
-            );
+            matrices.extend(linears.map(|l| &mut l.weight));
         }
         matrices
     }

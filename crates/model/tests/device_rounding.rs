@@ -15,7 +15,7 @@ use tessera_model::loader;
 
 /// The f32 and bf16 fixtures of `cuda_model.rs` (its quantized ones keep Q8_0 or Q4_K on
 /// the device, which the twin does not cover).
-pub const FIXTURES: &[&str] = &[
+const FIXTURES: &[&str] = &[
     "llama-gqa/model.F32.gguf",
     "llama-gqa/model.BF16.gguf",
     "llama-gqa/f32",
