@@ -111,6 +111,24 @@ impl Ops<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::{FLASH_KEYS, FLASH_ROWS};
+
+    /// The tile sizes the twin and the tiles follow are the kernel's `#define`s.
+    #[test]
+    fn the_kernels_tiles_are_the_twins() {
+        let code = include_str!("../../../cuda/attention_flash.cu");
+        let define = |name: &str| -> usize {
+            let line = code
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} is not defined"));
+            line.trim().parse().unwrap()
+        };
+        assert_eq!(define("FLASH_ROWS"), FLASH_ROWS);
+        assert_eq!(define("FLASH_KEYS"), FLASH_KEYS);
+        assert_eq!(define("FLASH_WARPS") * 32, FLASH_THREADS as usize);
+        assert_eq!(define("FLASH_WARPS") * 16, FLASH_ROWS, "16 rows a warp");
+    }
 
     #[test]
     fn the_entry_follows_head_dim_and_refuses_what_it_lacks() {
