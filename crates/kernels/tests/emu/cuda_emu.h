@@ -228,7 +228,6 @@ struct State {
     Barrier block_bar;
     unsigned int live = 0;   // fibers of the block not yet returned
     unsigned int nthreads = 0;
-    unsigned long long progress = 0;
     Fiber* current = nullptr;
     bool warned_exited_sync = false;
     void (*body)(void*) = nullptr;
@@ -279,7 +278,6 @@ inline void fiber_main(Fiber* f) {
     g.body(g.body_ctx);
     f->done = true;
     g.live--;
-    g.progress++;
     // Threads waiting at __syncthreads no longer wait for this one.
     if (g.block_bar.count > 0 && g.block_bar.count >= g.live) {
         g.block_bar.count = 0;
@@ -429,7 +427,6 @@ inline unsigned int linear_tid() {
 inline void block_sync() {
     Barrier& b = g.block_bar;
     b.count++;
-    g.progress++;
     if (b.count >= g.live) {
         if (g.live < g.nthreads && !g.warned_exited_sync) {
             g.warned_exited_sync = true;
@@ -486,7 +483,6 @@ inline void warp_sync(unsigned int mask, const char* what) {
         fail("lanes of one warp are in different warp collectives");
     }
     b->count++;
-    g.progress++;
     if (b->count == (unsigned int)std::popcount(mask)) {
         b->count = 0;
         b->gen++;
@@ -550,7 +546,6 @@ inline unsigned int warp_reduce(unsigned int mask, unsigned int v, Op op, const 
 inline float bf16_lo(unsigned int r) { return std::bit_cast<float>(r << 16); }
 inline float bf16_hi(unsigned int r) { return std::bit_cast<float>(r & 0xffff0000u); }
 
-inline bool warned_launch_config = false;
 
 // Runs `body()` once for every thread of every block of the grid.
 template <class F>
