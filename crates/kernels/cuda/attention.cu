@@ -8,18 +8,20 @@
 // maximum logit, its sum of exponentials and its unnormalised output;
 // `paged_attention_reduce` merges the partitions. lo is 0, or under a sliding window of
 // `window` positions (0: none) the first of the last `window` (`window_start`). Cache
-// layout: [blocks][block_size][kv_heads][head_dim] bf16. head_dim ≤ 256. Twin:
+// layout: [blocks][block_size][kv_heads][head_dim], bf16 (`paged_attention_partition`) or
+// f32 on the exact path (`paged_attention_partition_f32`). head_dim ≤ 256. Twin:
 // `attention::paged_attention` over the CPU cache.
 
 #define PART 256
 
-extern "C" __global__ void paged_attention_partition(
+template <typename T>
+__device__ __forceinline__ void paged_attention_partition_of(
     float* part_out,
     float* part_max,
     float* part_sum,
     const float* q,
-    const bf16_t* k_cache,
-    const bf16_t* v_cache,
+    const T* k_cache,
+    const T* v_cache,
     const unsigned int* block_tables,
     const unsigned int* query_seq,
     const unsigned int* context_lens,
@@ -60,10 +62,10 @@ extern "C" __global__ void paged_attention_partition(
     for (unsigned int j = threadIdx.x >> 5; j < n; j += warps) {
         const unsigned int pos = start + j;
         const size_t row = (size_t)table[pos / block_size] * block_size + pos % block_size;
-        const bf16_t* kp = k_cache + (row * kv_heads + kv_head) * head_dim;
+        const T* kp = k_cache + (row * kv_heads + kv_head) * head_dim;
         float dot = 0.0f;
         for (unsigned int d = lane; d < head_dim; d += 32) {
-            dot += qs[d] * bf16_to_f32(kp[d]);
+            dot += qs[d] * held_to_f32(kp[d]);
         }
         dot = warp_sum(dot);
         if (lane == 0) {
@@ -91,7 +93,7 @@ extern "C" __global__ void paged_attention_partition(
         for (unsigned int j = 0; j < n; ++j) {
             const unsigned int pos = start + j;
             const size_t row = (size_t)table[pos / block_size] * block_size + pos % block_size;
-            acc += logits[j] * bf16_to_f32(v_cache[(row * kv_heads + kv_head) * head_dim + d]);
+            acc += logits[j] * held_to_f32(v_cache[(row * kv_heads + kv_head) * head_dim + d]);
         }
         part_out[slot * head_dim + d] = acc;
     }
@@ -99,6 +101,26 @@ extern "C" __global__ void paged_attention_partition(
         part_max[slot] = m;
         part_sum[slot] = s;
     }
+}
+
+// The entries' parameters over a cache of `T`, and the arguments that pass them on.
+#define PARTITION_PARAMS(T)                                                                 \
+    float *part_out, float *part_max, float *part_sum, const float *q, const T *k_cache,    \
+        const T *v_cache, const unsigned int *block_tables, const unsigned int *query_seq, \
+        const unsigned int *context_lens, unsigned int max_blocks, unsigned int block_size, \
+        unsigned int q_heads, unsigned int kv_heads, unsigned int head_dim,                 \
+        unsigned int partitions, unsigned int window, float scale
+#define PARTITION_ARGS                                                                      \
+    part_out, part_max, part_sum, q, k_cache, v_cache, block_tables, query_seq,             \
+        context_lens, max_blocks, block_size, q_heads, kv_heads, head_dim, partitions,      \
+        window, scale
+
+extern "C" __global__ void paged_attention_partition(PARTITION_PARAMS(bf16_t)) {
+    paged_attention_partition_of<bf16_t>(PARTITION_ARGS);
+}
+
+extern "C" __global__ void paged_attention_partition_f32(PARTITION_PARAMS(float)) {
+    paged_attention_partition_of<float>(PARTITION_ARGS);
 }
 
 // Merges the partitions of each (head, query): grid (q_heads, queries).

@@ -1,9 +1,11 @@
 // Embedding gather: one block per token. A rank holds rows `vocab_start ..
-// vocab_start + rows` of the table (bf16); a token outside them gives a zero row, so the
-// ranks' rows sum (all-reduce) to the embedding. Twin: the CPU model's embedding lookup.
-extern "C" __global__ void embedding_gather_bf16(
+// vocab_start + rows` of the table (bf16, or f32 on the exact path); a token outside them
+// gives a zero row, so the ranks' rows sum (all-reduce) to the embedding. Twin: the CPU
+// model's embedding lookup.
+template <typename T>
+__device__ __forceinline__ void embedding_gather(
     float* out,
-    const bf16_t* table,
+    const T* table,
     const unsigned int* ids,
     unsigned int hidden,
     unsigned int vocab_start,
@@ -17,8 +19,28 @@ extern "C" __global__ void embedding_gather_bf16(
         }
         return;
     }
-    const bf16_t* src = table + (size_t)(id - vocab_start) * hidden;
+    const T* src = table + (size_t)(id - vocab_start) * hidden;
     for (unsigned int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        row[i] = bf16_to_f32(src[i]);
+        row[i] = held_to_f32(src[i]);
     }
+}
+
+extern "C" __global__ void embedding_gather_bf16(
+    float* out,
+    const bf16_t* table,
+    const unsigned int* ids,
+    unsigned int hidden,
+    unsigned int vocab_start,
+    unsigned int rows) {
+    embedding_gather(out, table, ids, hidden, vocab_start, rows);
+}
+
+extern "C" __global__ void embedding_gather_f32(
+    float* out,
+    const float* table,
+    const unsigned int* ids,
+    unsigned int hidden,
+    unsigned int vocab_start,
+    unsigned int rows) {
+    embedding_gather(out, table, ids, hidden, vocab_start, rows);
 }

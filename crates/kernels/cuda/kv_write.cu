@@ -1,10 +1,11 @@
 // Writes each token's K and V into its slot of the paged cache, one block per token.
-// Cache layout per layer: [blocks][block_size][kv_heads][head_dim] in bf16; `slots[t]` is
-// block × block_size + offset (negative: skip, a padding token). Twin: the CPU model's
-// `KvCache` write.
-extern "C" __global__ void kv_write_bf16(
-    bf16_t* k_cache,
-    bf16_t* v_cache,
+// Cache layout per layer: [blocks][block_size][kv_heads][head_dim], bf16 (`kv_write_bf16`)
+// or f32 on the exact path (`kv_write_f32`); `slots[t]` is block × block_size + offset
+// (negative: skip, a padding token). Twin: the CPU model's `KvCache` write.
+template <typename T>
+__device__ __forceinline__ void kv_write(
+    T* k_cache,
+    T* v_cache,
     const float* k,
     const float* v,
     const long long* slots,
@@ -17,7 +18,27 @@ extern "C" __global__ void kv_write_bf16(
     const size_t dst = (size_t)slot * kv_width;
     const size_t src = (size_t)t * kv_width;
     for (unsigned int i = threadIdx.x; i < kv_width; i += blockDim.x) {
-        k_cache[dst + i] = f32_to_bf16(k[src + i]);
-        v_cache[dst + i] = f32_to_bf16(v[src + i]);
+        store_held(k_cache + dst + i, k[src + i]);
+        store_held(v_cache + dst + i, v[src + i]);
     }
+}
+
+extern "C" __global__ void kv_write_bf16(
+    bf16_t* k_cache,
+    bf16_t* v_cache,
+    const float* k,
+    const float* v,
+    const long long* slots,
+    unsigned int kv_width) {
+    kv_write(k_cache, v_cache, k, v, slots, kv_width);
+}
+
+extern "C" __global__ void kv_write_f32(
+    float* k_cache,
+    float* v_cache,
+    const float* k,
+    const float* v,
+    const long long* slots,
+    unsigned int kv_width) {
+    kv_write(k_cache, v_cache, k, v, slots, kv_width);
 }

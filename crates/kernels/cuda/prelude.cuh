@@ -3,8 +3,8 @@
 // time: a host with the driver and libnvrtc is enough.
 //
 // Conventions: activations are f32; large weights and the KV cache are bf16, held as
-// `unsigned short`; GGML block scales are f16. Blocks of threads are a multiple of 32 and
-// at most 1024 threads.
+// `unsigned short` (f32 on the exact path, see `held_to_f32`); GGML block scales are f16.
+// Blocks of threads are a multiple of 32 and at most 1024 threads.
 
 typedef unsigned short bf16_t;
 typedef unsigned short f16_t;
@@ -24,6 +24,22 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     }
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
+}
+
+// A value a table holds (the embedding, the KV cache) as f32, and an f32 stored as one:
+// bf16 bits on the default path, f32 itself on the exact one (`dtype = "f32"`). A kernel
+// written once over `T` serves both.
+__device__ __forceinline__ float held_to_f32(bf16_t v) {
+    return bf16_to_f32(v);
+}
+__device__ __forceinline__ float held_to_f32(float v) {
+    return v;
+}
+__device__ __forceinline__ void store_held(bf16_t* dst, float v) {
+    *dst = f32_to_bf16(v);
+}
+__device__ __forceinline__ void store_held(float* dst, float v) {
+    *dst = v;
 }
 
 // The 8 bf16 of `w` as floats (16-byte loads of bf16 rows; element 2i is the low half of word i).

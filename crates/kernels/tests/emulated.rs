@@ -8,7 +8,8 @@
 //! `FLASH_ORDER_TOLERANCE`, and the grouped decode kernel, held to `GROUPED_TOLERANCE`
 //! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), and
 //! the bf16 GEMV and the fused layer's norm and activation against their twins
-//! (`emulated/gemv.rs`, `emulated/fused.rs`), as on the GPU (`gpu.rs`). Without a C++ compiler
+//! (`emulated/gemv.rs`, `emulated/fused.rs`), as on the GPU (`gpu.rs`), and the legacy
+//! attention over a bf16 cache and the exact path's f32 one (`emulated/legacy.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -25,6 +26,8 @@ mod common;
 mod fused;
 #[path = "emulated/gemv.rs"]
 mod gemv;
+#[path = "emulated/legacy.rs"]
+mod legacy;
 
 use half::bf16;
 use rand::rngs::StdRng;

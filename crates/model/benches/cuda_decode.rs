@@ -36,7 +36,7 @@ use tessera_kernels::cuda::{AttentionKernel, CudaDevice, Ops, PtxCache};
 use tessera_kernels::quant::fp8;
 use tessera_kernels::sampling::{Sampler, SamplingParams};
 use tessera_model::ModelConfig;
-use tessera_model::cuda::{CudaLlama, DEVICE_KV_VALUE_BYTES, DeviceKv};
+use tessera_model::cuda::{CudaLlama, DeviceKv};
 use tessera_model::error::ModelError;
 use tessera_model::kv_cache::SeqChunk;
 use tessera_model::launch_plan::{GEMV_MAX_TOKENS, Gemm, KernelPath};
@@ -235,7 +235,11 @@ fn prefilled(
 /// KV bytes per cached position.
 fn per_position(model: &CudaLlama) -> usize {
     let layout = model.kv_layout();
-    model.config().num_hidden_layers * 2 * layout.kv_heads * layout.head_dim * DEVICE_KV_VALUE_BYTES
+    model.config().num_hidden_layers
+        * 2
+        * layout.kv_heads
+        * layout.head_dim
+        * model.dtype().kv_bytes()
 }
 
 /// `steps` decode steps after one of warm-up: the pass, then each row sampled on the

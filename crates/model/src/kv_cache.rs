@@ -60,7 +60,7 @@ impl SeqCache {
 }
 
 /// How many blocks of `layout` fit in `budget_bytes` for `layers` layers, K and V stored
-/// with `value_bytes` bytes per value (f32 on the CPU, bf16 on a GPU).
+/// with `value_bytes` bytes per value (f32 on the CPU, bf16 on a GPU, f32 on its exact path).
 pub fn blocks_for_budget(
     layout: KvLayout,
     layers: usize,

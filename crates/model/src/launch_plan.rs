@@ -201,7 +201,7 @@ pub enum Launch {
     QkNorm,
     /// `rope_f32` on q and k.
     Rope,
-    /// `kv_write_bf16`.
+    /// `kv_write_bf16` (`kv_write_f32` on the exact path).
     KvWrite,
     /// `rope_kv_write`: the q/k/v bias (when `bias`), RoPE and the KV write.
     RopeKvWrite { bias: bool },
@@ -244,7 +244,7 @@ impl Launch {
             Launch::AddBias(_) => "add_bias_f32",
             Launch::QkNorm => "rmsnorm_residual_f32 (q/k heads)",
             Launch::Rope => "rope_f32",
-            Launch::KvWrite => "kv_write_bf16",
+            Launch::KvWrite => "kv_write",
             Launch::RopeKvWrite { .. } => "rope_kv_write",
             Launch::Attention { .. } => "paged attention",
             Launch::SiluMul => "silu_mul_f32",
@@ -290,6 +290,9 @@ pub struct LayerShape {
     pub gemm: Gemm,
     /// Every q and k head is RMS-normalized before RoPE (Qwen3): the legacy path runs.
     pub qk_norm: bool,
+    /// The exact path (`dtype = "f32"`): every projection is an f32 GEMM reading f32 rows,
+    /// so nothing is rounded to bf16, and the legacy path runs.
+    pub exact: bool,
 }
 
 impl Biases {
@@ -308,7 +311,12 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         }
     };
     let b = shape.biases;
-    let fused = shape.path.serving(shape.qk_norm) == KernelPath::Fused;
+    let fused = !shape.exact && shape.path.serving(shape.qk_norm) == KernelPath::Fused;
+    let round = |plan: &mut Vec<Launch>, r: Rounded| {
+        if !shape.exact {
+            plan.push(Launch::RoundBf16(r));
+        }
+    };
     let append = fused && shape.grouped_attention && shape.decode;
     // Attention's half.
     if fused {
@@ -322,7 +330,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         }
     } else {
         plan.push(Launch::Norm(Norm::Attention));
-        plan.push(Launch::RoundBf16(Rounded::Hidden));
+        round(&mut plan, Rounded::Hidden);
         for (p, on) in [(Proj::Q, b.q), (Proj::K, b.k), (Proj::V, b.v)] {
             plan.push(Launch::Project(p, shape.gemm));
             bias(&mut plan, on, p);
@@ -341,7 +349,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         bias: append && b.qkv(),
     });
     if !bf16_out {
-        plan.push(Launch::RoundBf16(Rounded::Attention));
+        round(&mut plan, Rounded::Attention);
     }
     plan.push(Launch::Project(Proj::O, shape.gemm));
     bias(&mut plan, b.o, Proj::O);
@@ -356,7 +364,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         });
     } else {
         plan.push(Launch::Norm(Norm::Mlp));
-        plan.push(Launch::RoundBf16(Rounded::Hidden));
+        round(&mut plan, Rounded::Hidden);
     }
     plan.push(Launch::Project(Proj::GateUp, shape.gemm));
     bias(&mut plan, b.gate_up, Proj::GateUp);
@@ -366,7 +374,7 @@ pub fn layer_launches(shape: &LayerShape) -> Vec<Launch> {
         });
     } else {
         plan.push(Launch::SiluMul);
-        plan.push(Launch::RoundBf16(Rounded::Activation));
+        round(&mut plan, Rounded::Activation);
     }
     plan.push(Launch::Project(Proj::Down, shape.gemm));
     bias(&mut plan, b.down, Proj::Down);
@@ -404,6 +412,26 @@ mod tests {
             decode: true,
             gemm: Gemm::Cublas,
             qk_norm: false,
+            exact: false,
+        }
+    }
+
+    #[test]
+    fn the_exact_path_is_the_legacy_one_without_a_rounding() {
+        for path in KernelPath::ALL {
+            let mut shape = decode(path, true, false, true);
+            shape.exact = true;
+            let plan = layer_launches(&shape);
+            assert!(
+                !plan.iter().any(|l| matches!(l, Launch::RoundBf16(_))),
+                "{path}"
+            );
+            let mut legacy: Vec<Launch> =
+                layer_launches(&decode(KernelPath::Legacy, true, false, true));
+            legacy.retain(|l| !matches!(l, Launch::RoundBf16(_)));
+            assert_eq!(plan, legacy, "{path}");
+            // Four roundings fewer than the bf16 legacy layer's 20 (Qwen2's q/k/v biases).
+            assert_eq!(kernels_per_layer(&plan), 16, "{path}");
         }
     }
 

@@ -281,6 +281,8 @@ pub struct Llama {
     dequantized: Vec<String>,
     /// How its CPU matmuls treat activations (the GPU path ignores it).
     precision: Precision,
+    /// The type [`Llama::hold_as`] converted every matrix to (`None`: as loaded).
+    held: Option<tessera_kernels::DType>,
     /// What the CPU pass rounds as the cuda path does ([`Llama::round_like_cuda`]).
     rounding: DeviceRounding,
     /// What the CPU pass keeps from step to step.

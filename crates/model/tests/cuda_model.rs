@@ -4,7 +4,9 @@
 //! Tolerances: the device runs projections as bf16 GEMMs (bf16 weights and activations,
 //! f32 sums) and keeps the KV cache in bf16, where the CPU path is f32 throughout, so
 //! logits agree to a few percent of their range (3% written here), and the greedy token
-//! agrees wherever the CPU's top two logits are further apart than that.
+//! agrees wherever the CPU's top two logits are further apart than that. The exact path
+//! (`dtype = "f32"`, `cuda_model/exact.rs`) is held to the CPU's own tolerance against
+//! transformers.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -568,6 +570,9 @@ fn device_sampling_picks_the_host_samplers_tokens() {
 // The grouped attention kernel against the legacy one.
 #[path = "cuda_model/attention.rs"]
 mod attention;
+// The exact path (`dtype = "f32"`) against transformers.
+#[path = "cuda_model/exact.rs"]
+mod exact;
 // The fused launch sequence against the legacy one.
 #[path = "cuda_model/fused.rs"]
 mod fused;

@@ -226,7 +226,7 @@ pub enum TopologyError {
     NcclOnCpu { group: String },
     #[error(
         "group {group}: model `{model}` has dtype = \"{dtype}\", which cuda shards cannot hold \
-         (on a GPU weights are bf16, Q8_0 and Q4_K stay quantized)"
+         (on a GPU weights are bf16, with Q8_0, Q4_K and FP8 kept quantized, or f32)"
     )]
     DtypeOnCuda {
         group: String,
@@ -396,7 +396,8 @@ impl TopologyError {
             }
             E::BadDevice { .. } => "write \"cpu\" or \"cuda:N\" with N the GPU index".into(),
             E::DtypeOnCuda { .. } => {
-                "set the model's dtype to \"auto\" or \"bf16\", or run the group on cpu devices"
+                "set the model's dtype to \"auto\", \"bf16\" or \"f32\" (the exact path), or run \
+                 the group on cpu devices"
                     .into()
             }
             E::MixedDevices { .. } => {

@@ -1,5 +1,9 @@
-//! bf16 GEMMs through cuBLAS: weights and activations in bf16, products summed and
-//! written in f32 (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`).
+//! GEMMs through cuBLAS (`cublasGemmEx`), products summed and written in f32:
+//! - [`Blas::gemm_bf16`]: weights and activations in bf16 (`CUBLAS_COMPUTE_32F`), the
+//!   default path;
+//! - [`Blas::gemm_f32`]: both in f32 with `CUBLAS_COMPUTE_32F_PEDANTIC`, which keeps
+//!   cuBLAS from TF32 tensor cores and reduced-precision sums whatever the handle's math
+//!   mode or `NVIDIA_TF32_OVERRIDE` say: the exact path (`dtype = "f32"`).
 //!
 //! Layouts are row-major, as everywhere in Tessera: `W` is `rows × cols`, the inputs are
 //! `tokens × cols`, the outputs `tokens × rows`. cuBLAS is column-major, so the call
@@ -11,8 +15,8 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::CudaError;
 use super::ops::{Ops, projection_tokens};
+use super::{CudaError, Held};
 
 /// Whether libcublas can be loaded.
 pub fn cublas_present() -> bool {
@@ -55,8 +59,41 @@ impl Blas {
         ys: &mut impl DevicePtrMut<f32>,
         w: &CudaSlice<u16>,
         xs: &impl DevicePtr<u16>,
-        (rows, cols): (usize, usize),
+        shape: (usize, usize),
     ) -> Result<(), CudaError> {
+        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        self.gemm_ex(ops, ys, w, xs, shape, compute)
+    }
+
+    /// [`Blas::gemm_bf16`] with `W` and `xs` in f32, summed in f32 without TF32.
+    pub fn gemm_f32(
+        &self,
+        ops: &Ops<'_>,
+        ys: &mut impl DevicePtrMut<f32>,
+        w: &CudaSlice<f32>,
+        xs: &impl DevicePtr<f32>,
+        shape: (usize, usize),
+    ) -> Result<(), CudaError> {
+        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC;
+        self.gemm_ex(ops, ys, w, xs, shape, compute)
+    }
+
+    /// The GEMM of either: `W` and `xs` in bf16 or f32 (as `T` is), summed as `compute`
+    /// says.
+    fn gemm_ex<T: Held>(
+        &self,
+        ops: &Ops<'_>,
+        ys: &mut impl DevicePtrMut<f32>,
+        w: &CudaSlice<T>,
+        xs: &impl DevicePtr<T>,
+        (rows, cols): (usize, usize),
+        compute: sys::cublasComputeType_t,
+    ) -> Result<(), CudaError> {
+        let (input, name) = if T::F32 {
+            (sys::cudaDataType_t::CUDA_R_32F, "f32")
+        } else {
+            (sys::cudaDataType_t::CUDA_R_16BF, "bf16")
+        };
         let tokens = projection_tokens((w.len(), xs.len(), ys.len()), (rows, cols))?;
         let int = |what: &'static str, n: usize| {
             i32::try_from(n).map_err(|_| CudaError::Shape {
@@ -88,22 +125,22 @@ impl Blas {
                 k,
                 (&alpha) as *const f32 as *const _,
                 a as *const _,
-                sys::cudaDataType_t::CUDA_R_16BF,
+                input,
                 k,
                 b as *const _,
-                sys::cudaDataType_t::CUDA_R_16BF,
+                input,
                 k,
                 (&beta) as *const f32 as *const _,
                 c as *mut _,
                 sys::cudaDataType_t::CUDA_R_32F,
                 m,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(|e| CudaError::Device {
             ordinal: self.ordinal,
-            message: format!("cuBLAS bf16 GEMM {rows}×{cols} on {tokens} tokens: {e}"),
+            message: format!("cuBLAS {name} GEMM {rows}×{cols} on {tokens} tokens: {e}"),
         })
     }
 }

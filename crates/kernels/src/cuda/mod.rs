@@ -10,9 +10,10 @@
 //!   with the entry points each must define.
 //! - [`compile`]: NVRTC → PTX, and the on-disk PTX cache.
 //! - [`device`]: a device opened, its kernels loaded.
-//! - [`gemm`]: bf16 GEMMs through cuBLAS (and `ops::gemv`: the bf16 GEMV of decode
+//! - [`gemm`]: bf16 (and the exact path's f32) GEMMs through cuBLAS (and `ops::gemv`: the bf16 GEMV of decode
 //!   batches of 1 to 8 tokens, a kernel of its own).
 //! - [`graph`]: CUDA graphs — launches captured once, replayed with one launch.
+//! - [`held`]: the value types of the device's tables (bf16, or f32 on the exact path).
 //! - [`ops`]: typed launches, each checking its buffers against the shape it is given.
 //!
 //! Every kernel has a CPU twin (named in its file's header comment); the GPU check
@@ -22,6 +23,7 @@ pub mod compile;
 pub mod device;
 pub mod gemm;
 pub mod graph;
+pub mod held;
 pub mod ops;
 pub mod source;
 
@@ -32,6 +34,7 @@ pub use cudarc::driver::{
 pub use device::CudaDevice;
 pub use gemm::Blas;
 pub use graph::Graph;
+pub use held::Held;
 pub use ops::gemv::GEMV_MAX_TOKENS;
 pub use ops::{
     Append, AttentionIndex, AttentionKernel, AttentionTarget, Ops, RopeKv, SampleBuffers, Slots,

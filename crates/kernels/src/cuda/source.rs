@@ -34,7 +34,10 @@ macro_rules! family {
 
 /// Every kernel family of a decoder step.
 pub const FAMILIES: &[KernelFamily] = &[
-    family!("embedding.cu", ["embedding_gather_bf16"]),
+    family!(
+        "embedding.cu",
+        ["embedding_gather_bf16", "embedding_gather_f32"]
+    ),
     family!(
         "rmsnorm.cu",
         ["rmsnorm_residual_f32", "rmsnorm_residual_bf16"]
@@ -43,10 +46,14 @@ pub const FAMILIES: &[KernelFamily] = &[
     family!("rope_kv.cu", ["rope_kv_write"]),
     family!("activation.cu", ["silu_mul_f32", "silu_mul_bf16"]),
     family!("linear.cu", ["round_bf16", "add_bias_f32"]),
-    family!("kv_write.cu", ["kv_write_bf16"]),
+    family!("kv_write.cu", ["kv_write_bf16", "kv_write_f32"]),
     family!(
         "attention.cu",
-        ["paged_attention_partition", "paged_attention_reduce"]
+        [
+            "paged_attention_partition",
+            "paged_attention_partition_f32",
+            "paged_attention_reduce",
+        ]
     ),
     family!(
         "attention_grouped.cu",

@@ -1,25 +1,69 @@
-//! A rank's paged KV cache in device memory (bf16, the layout of `attention.cu`:
-//! `[blocks][block_size][kv_heads][head_dim]` per layer), the activations of one pass,
+//! A rank's paged KV cache in device memory (bf16, or f32 on the exact path; the layout of
+//! `attention.cu`: `[blocks][block_size][kv_heads][head_dim]` per layer), the activations
+//! of one pass,
 //! kept between passes of the same token count, and the buffers of a step's end
 //! ([`StepBuffers`]), made with the cache, so that a decode step allocates nothing.
 
 use tessera_kernels::attention::KvLayout;
-use tessera_kernels::cuda::{CudaSlice, Ops};
+use tessera_kernels::cuda::{CudaSlice, Held, Ops};
 
+use super::DeviceDtype;
 use super::step::{PassTiming, StepBuffers};
 use crate::error::ModelError;
 use crate::kv_cache::blocks_for_budget;
 
-/// Bytes per cached value (bf16).
-pub const DEVICE_KV_VALUE_BYTES: usize = 2;
+/// The K and V pools of every layer, of one value type: `[k, v]` a layer.
+#[derive(Debug)]
+pub(crate) enum Pools {
+    Bf16(Vec<[CudaSlice<u16>; 2]>),
+    /// The exact path's.
+    F32(Vec<[CudaSlice<f32>; 2]>),
+}
+
+impl Pools {
+    /// `layers` layers of `pool` values each, zeroed.
+    fn new(
+        ops: &Ops<'_>,
+        dtype: DeviceDtype,
+        layers: usize,
+        pool: usize,
+    ) -> Result<Pools, ModelError> {
+        fn each<T: Held>(
+            ops: &Ops<'_>,
+            layers: usize,
+            pool: usize,
+        ) -> Result<Vec<[CudaSlice<T>; 2]>, ModelError> {
+            (0..layers)
+                .map(|_| Ok([ops.alloc(pool)?, ops.alloc(pool)?]))
+                .collect()
+        }
+        Ok(match dtype {
+            DeviceDtype::Bf16 => Pools::Bf16(each(ops, layers, pool)?),
+            DeviceDtype::F32 => Pools::F32(each(ops, layers, pool)?),
+        })
+    }
+
+    /// Layer `l`'s bf16 pools, for the kernels that read and write bf16 only (the fused
+    /// path's); refused for an f32 cache.
+    pub(crate) fn bf16(&mut self, l: usize) -> Result<&mut [CudaSlice<u16>; 2], ModelError> {
+        match self {
+            Pools::Bf16(p) => Ok(&mut p[l]),
+            Pools::F32(_) => Err(ModelError::Plan {
+                message: "a fused kernel over an f32 KV cache (the exact path runs the \
+                          legacy launches)"
+                    .into(),
+            }),
+        }
+    }
+}
 
 /// K and V pools of every layer, on the device.
 #[derive(Debug)]
 pub struct DeviceKv {
     layout: KvLayout,
     num_blocks: usize,
-    pub(crate) k: Vec<CudaSlice<u16>>,
-    pub(crate) v: Vec<CudaSlice<u16>>,
+    dtype: DeviceDtype,
+    pub(crate) pools: Pools,
     pub(crate) scratch: Option<Box<Scratch>>,
     /// Captured decode passes over this cache.
     pub(crate) graphs: super::graph::DecodeGraphs,
@@ -33,27 +77,27 @@ pub struct DeviceKv {
 }
 
 impl DeviceKv {
-    /// A cache of as many blocks as `budget_bytes` holds for `layers` layers, with the
-    /// step buffers `step`; refused when the budget is not free on the device
-    /// (`free_bytes`, after the step buffers) or holds no block.
+    /// A cache of values of `dtype`, as many blocks as `budget_bytes` holds for `layers`
+    /// layers, with the step buffers `step`; refused when the budget is not free on the
+    /// device (`free_bytes`, after the step buffers) or holds no block.
     pub(crate) fn new(
         ops: &Ops<'_>,
-        layout: KvLayout,
+        (layout, dtype): (KvLayout, DeviceDtype),
         layers: usize,
-        budget_bytes: usize,
-        free_bytes: usize,
+        (budget_bytes, free_bytes): (usize, usize),
         step: StepBuffers,
     ) -> Result<DeviceKv, ModelError> {
-        let num_blocks = blocks_for_budget(layout, layers, budget_bytes, DEVICE_KV_VALUE_BYTES);
+        let value_bytes = dtype.kv_bytes();
+        let num_blocks = blocks_for_budget(layout, layers, budget_bytes, value_bytes);
         let pool = num_blocks * layout.block_len();
-        let bytes = 2 * layers * pool * DEVICE_KV_VALUE_BYTES;
+        let bytes = 2 * layers * pool * value_bytes;
         if num_blocks == 0 {
             return Err(ModelError::Plan {
                 message: format!(
                     "a KV budget of {budget_bytes} bytes holds no block of {} positions \
                      ({} bytes over {layers} layers)",
                     layout.block_size,
-                    2 * layers * layout.block_len() * DEVICE_KV_VALUE_BYTES
+                    2 * layers * layout.block_len() * value_bytes
                 ),
             });
         }
@@ -67,17 +111,11 @@ impl DeviceKv {
                 ),
             });
         }
-        let mut k = Vec::with_capacity(layers);
-        let mut v = Vec::with_capacity(layers);
-        for _ in 0..layers {
-            k.push(ops.alloc::<u16>(pool)?);
-            v.push(ops.alloc::<u16>(pool)?);
-        }
         Ok(DeviceKv {
             layout,
             num_blocks,
-            k,
-            v,
+            dtype,
+            pools: Pools::new(ops, dtype, layers, pool)?,
             scratch: None,
             graphs: super::graph::DecodeGraphs::from_env(),
             step: Box::new(step),
@@ -93,6 +131,11 @@ impl DeviceKv {
 
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// The type of its values.
+    pub fn dtype(&self) -> DeviceDtype {
+        self.dtype
     }
 
     /// Kernel launches of the last forward pass (a replayed graph counts one).

@@ -8,9 +8,9 @@ use tessera_kernels::cuda::{
 };
 use tessera_kernels::rope::RopeScaling;
 
-use super::kv::{DeviceKv, Scratch};
+use super::kv::{DeviceKv, Pools, Scratch};
 use super::weights::{DeviceLinear, Input};
-use super::{AttnIn, CudaLlama, DeviceLayer};
+use super::{AttnIn, CudaLlama, DeviceDtype, DeviceLayer};
 use crate::config::{Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::launch_plan::{Biases, Launch, LayerShape, Norm, Proj, Rounded, layer_launches};
@@ -43,6 +43,23 @@ pub(super) fn refuse_block(c: &ModelConfig) -> Result<(), ModelError> {
         what: format!("{what} on cuda shards; run this model's groups on cpu devices"),
     }
     .into())
+}
+
+/// `body` over layer `l`'s K and V pools (`&mut CudaSlice` of the cache's type), bf16 or
+/// f32: one generic call, written once.
+macro_rules! on_layer_pools {
+    ($pools:expr, $l:expr, |$k:ident, $v:ident| $body:expr) => {
+        match $pools {
+            Pools::Bf16(p) => {
+                let [$k, $v] = &mut p[$l];
+                $body
+            }
+            Pools::F32(p) => {
+                let [$k, $v] = &mut p[$l];
+                $body
+            }
+        }
+    };
 }
 
 /// The batch's attention inputs: its cache slots, its attention index, and whether it is
@@ -130,6 +147,7 @@ impl CudaLlama {
             decode,
             gemm: self.gemm.for_tokens(tokens),
             qk_norm: self.config.qk_norm(),
+            exact: self.dtype == DeviceDtype::F32,
         }
     }
 
@@ -145,12 +163,8 @@ impl CudaLlama {
         comm: &mut SliceComm<'_>,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let table = self
-            .embed
-            .table()
-            .expect("the embedding is uploaded as bf16");
         let vocab_start = self.sharding.plan.vocab_rows.start as u32;
-        ops.embedding(&mut s.x, table, &s.ids, c.hidden_size, vocab_start)?;
+        self.embed.gather(ops, &mut s.x, &s.ids, vocab_start)?;
         self.all_reduce(ops, &mut s.x, comm)?;
         let shape = self.layer_shape(batch.index, (s.tokens, batch.decode), comm.world_size() > 1);
         let plan = layer_launches(&shape);
@@ -256,15 +270,15 @@ impl CudaLlama {
                 self.kv_heads,
                 self.pairing,
             )?,
-            Launch::KvWrite => {
-                let (k, v) = (&mut run.kv.k[l], &mut run.kv.v[l]);
-                ops.kv_write(k, v, &s.k, &s.v, run.batch.slots, s.widths.kv)?;
-            }
+            Launch::KvWrite => on_layer_pools!(&mut run.kv.pools, l, |k, v| {
+                ops.kv_write(k, v, &s.k, &s.v, run.batch.slots, s.widths.kv)
+            })?,
             Launch::RopeKvWrite { bias } => {
                 let qkv_proj = layer.proj(Proj::Qkv)?;
                 let bias = if bias { qkv_proj.bias() } else { None };
                 let qkv = s.qkv.as_ref().ok_or_else(no_qkv)?;
-                let cache = (&mut run.kv.k[l], &mut run.kv.v[l]);
+                let [k, v] = run.kv.pools.bf16(l)?;
+                let cache = (k, v);
                 let rope = self.rope_kv(&s.positions);
                 ops.rope_kv_write(&mut s.q, cache, qkv, bias, run.batch.slots, rope)?;
             }
@@ -291,7 +305,8 @@ impl CudaLlama {
                         rope: self.rope_kv(&s.positions),
                         slots: run.batch.slots,
                     };
-                    let cache = (&mut run.kv.k[l], &mut run.kv.v[l]);
+                    let [k, v] = run.kv.pools.bf16(l)?;
+                    let cache = (k, v);
                     ops.paged_attention_append(
                         &mut s.attn,
                         out16,
@@ -301,15 +316,18 @@ impl CudaLlama {
                         append,
                     )?;
                 } else {
-                    let cache = (&run.kv.k[l], &run.kv.v[l]);
-                    ops.paged_attention_with_bf16(
-                        &mut s.attn,
-                        out16,
-                        &s.q,
-                        cache,
-                        layout,
-                        run.batch.index,
-                    )?;
+                    let index = &mut *run.batch.index;
+                    on_layer_pools!(&mut run.kv.pools, l, |k, v| {
+                        let cache = (&*k, &*v);
+                        ops.paged_attention_with_bf16(
+                            &mut s.attn,
+                            out16,
+                            &s.q,
+                            cache,
+                            layout,
+                            index,
+                        )
+                    })?;
                 }
             }
             Launch::SiluMul => ops.silu_mul(&mut s.act, &s.gate_up, s.widths.inter)?,

@@ -10,7 +10,9 @@
 //! bias and KV write in one kernel or inside the decode attention). Projections are bf16
 //! GEMMs on cuBLAS (f32 sums; with `TESSERA_GEMV=1`, batches of at most 8 tokens run the
 //! bf16 GEMV kernel) or dequantizing matvecs for Q8_0, Q4_K and FP8 weights. Activations
-//! and the residual stream are f32; the KV cache is bf16.
+//! and the residual stream are f32; the KV cache is bf16. A model held in f32 by the
+//! topology (`dtype = "f32"`) runs the exact path instead ([`DeviceDtype`]): f32 weights,
+//! GEMMs and KV cache.
 //!
 //! Between ranks, the pass takes its group's collective as a [`SliceComm`]: an NCCL group
 //! all-reduces the device buffers where they are; a host
@@ -21,6 +23,7 @@
 //! with tp = 1 the device samples those rows and only their token ids cross to the host
 //! (`step`); every other row's logits cross.
 
+mod dtype;
 mod graph;
 mod kv;
 mod layer;
@@ -46,7 +49,8 @@ use crate::launch_plan::{Gemm, KernelPath};
 use crate::llama::{Linear, Llama, Sharding, check_kv_layout};
 use crate::rows::{RowOutput, RowRequest, check_requests, wanted_rows};
 use crate::slice::SliceComm;
-pub use kv::{DEVICE_KV_VALUE_BYTES, DeviceKv};
+pub use dtype::DeviceDtype;
+pub use kv::DeviceKv;
 use kv::{Scratch, Widths};
 use layer::PassBatch;
 use step::StepBuffers;
@@ -113,6 +117,8 @@ pub struct CudaLlama {
     /// The kernel of the bf16 projections of small batches (`TESSERA_GEMV`; a batch
     /// of more than [`crate::launch_plan::GEMV_MAX_TOKENS`] tokens runs on cuBLAS whatever it says).
     gemm: Gemm,
+    /// What the matrices and the KV cache are held in.
+    dtype: DeviceDtype,
 }
 
 impl std::fmt::Debug for CudaLlama {
@@ -151,10 +157,14 @@ impl CudaLlama {
         path: KernelPath,
     ) -> Result<CudaLlama, ModelError> {
         layer::refuse_block(&llama.config)?;
+        let dtype = DeviceDtype::of(llama);
         // The fused kernels apply no q/k norm (the log below names the path that runs).
-        let path = path.serving(llama.config.qk_norm());
-        let requested = attention_from_env()?;
-        let gemm = gemm_from_env()?;
+        let asked = (
+            path.serving(llama.config.qk_norm()),
+            attention_from_env()?,
+            gemm_from_env()?,
+        );
+        let (path, requested, gemm) = dtype.fit(asked);
         let stream = device
             .context()
             .new_stream()
@@ -164,7 +174,10 @@ impl CudaLlama {
             })?;
         let blas = Blas::new(device.ordinal(), Arc::clone(&stream))?;
         let ops = Ops::new(&device, Arc::clone(&stream));
-        let converted = weights::dequantized_at_upload(llama.projection_weights());
+        let converted = match dtype {
+            DeviceDtype::Bf16 => weights::dequantized_at_upload(llama.projection_weights()),
+            DeviceDtype::F32 => Vec::new(),
+        };
         if !converted.is_empty() {
             let names: Vec<&str> = converted.iter().map(|d| d.name()).collect();
             info!(
@@ -176,14 +189,14 @@ impl CudaLlama {
         for layer in &llama.layers {
             let attn_in = match path {
                 KernelPath::Legacy => AttnIn::Separate(Box::new([
-                    DeviceLinear::upload(&ops, &[&layer.q], true)?,
-                    DeviceLinear::upload(&ops, &[&layer.k], true)?,
-                    DeviceLinear::upload(&ops, &[&layer.v], true)?,
+                    DeviceLinear::upload(&ops, &[&layer.q], (dtype, true))?,
+                    DeviceLinear::upload(&ops, &[&layer.k], (dtype, true))?,
+                    DeviceLinear::upload(&ops, &[&layer.v], (dtype, true))?,
                 ])),
                 KernelPath::Fused => AttnIn::Stacked(DeviceLinear::upload(
                     &ops,
                     &[&layer.q, &layer.k, &layer.v],
-                    true,
+                    (dtype, true),
                 )?),
             };
             let qk_norm = match (&layer.q_norm, &layer.k_norm) {
@@ -194,15 +207,15 @@ impl CudaLlama {
                 attn_norm: ops.upload(&layer.attn_norm)?,
                 attn_in,
                 qk_norm,
-                o: DeviceLinear::upload(&ops, &[&layer.o], true)?,
+                o: DeviceLinear::upload(&ops, &[&layer.o], (dtype, true))?,
                 ffn_norm: ops.upload(&layer.ffn_norm)?,
-                gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], true)?,
-                down: DeviceLinear::upload(&ops, &[&layer.down], true)?,
+                gate_up: DeviceLinear::upload(&ops, &[&layer.gate, &layer.up], (dtype, true))?,
+                down: DeviceLinear::upload(&ops, &[&layer.down], (dtype, true))?,
             });
         }
-        let embed = DeviceLinear::upload(&ops, &[&bare(&llama.embed)], false)?;
+        let embed = DeviceLinear::upload(&ops, &[&bare(&llama.embed)], (dtype, false))?;
         let lm_head = match &llama.lm_head {
-            Some(w) => Some(DeviceLinear::upload(&ops, &[&bare(w)], true)?),
+            Some(w) => Some(DeviceLinear::upload(&ops, &[&bare(w)], (dtype, true))?),
             None => None,
         };
         let c = &llama.config;
@@ -234,6 +247,7 @@ impl CudaLlama {
             attention,
             path,
             gemm,
+            dtype,
             blas,
             config: c.clone(),
             sharding: llama.sharding.clone(),
@@ -254,6 +268,7 @@ impl CudaLlama {
             attention = %model.attention,
             path = %model.path,
             gemm = %model.gemm,
+            dtype = %model.dtype,
             device_bytes = model.device_bytes(),
             "model slice on the device"
         );
@@ -322,6 +337,11 @@ impl CudaLlama {
         self.path
     }
 
+    /// What the matrices and the KV cache are held in (f32: the exact path).
+    pub fn dtype(&self) -> DeviceDtype {
+        self.dtype
+    }
+
     /// The kernel of the bf16 projections of batches of at most [`crate::launch_plan::GEMV_MAX_TOKENS`]
     /// tokens (larger ones always run on cuBLAS).
     pub fn gemm(&self) -> Gemm {
@@ -363,8 +383,9 @@ impl CudaLlama {
         }
     }
 
-    /// A KV cache of as many blocks as `budget_bytes` holds (bf16), in device memory, with
-    /// the buffers of a step's end for [`DEFAULT_STEP_ROWS`] rows.
+    /// A KV cache of as many blocks as `budget_bytes` holds (bf16, or f32 on the exact
+    /// path), in device memory, with the buffers of a step's end for [`DEFAULT_STEP_ROWS`]
+    /// rows.
     pub fn new_cache(&self, budget_bytes: usize) -> Result<DeviceKv, ModelError> {
         let ops = self.ops();
         let step = StepBuffers::new(
@@ -376,10 +397,9 @@ impl CudaLlama {
         ops.synchronize()?;
         DeviceKv::new(
             &ops,
-            self.kv_layout(),
+            (self.kv_layout(), self.dtype),
             self.config.num_hidden_layers,
-            budget_bytes,
-            self.device.free_memory()?,
+            (budget_bytes, self.device.free_memory()?),
             step,
         )
     }
@@ -521,7 +541,9 @@ impl CudaLlama {
         ops.gather_rows(&mut step.normed, &s.h, wanted, hidden)?;
         let normed = step.normed.slice(..n * hidden);
         let mut normed16 = step.normed16.slice_mut(..n * hidden);
-        ops.round_bf16(&mut normed16, &normed)?;
+        if !head.is_f32() {
+            ops.round_bf16(&mut normed16, &normed)?;
+        }
         let input = Input {
             f32: &normed,
             bf16: &normed16,

@@ -1,21 +1,24 @@
 //! A rank's weights on the device. Q8_0, Q4_K and FP8 projections stay quantized and run
 //! through the dequantizing matvec kernels; every other type is converted to bf16 once,
 //! at upload, and runs through cuBLAS (the quantized ones among them are named in one log
-//! line, see [`dequantized_at_upload`]). Norms and biases are f32.
+//! line, see [`dequantized_at_upload`]). On the exact path ([`DeviceDtype::F32`]) every
+//! matrix is f32 and runs through cuBLAS's f32 GEMM. Norms and biases are f32.
 
 use rayon::prelude::*;
 use tessera_kernels::DType;
-use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, DevicePtr, DevicePtrMut, Ops};
+use tessera_kernels::cuda::{Blas, CudaError, CudaSlice, DevicePtr, DevicePtrMut, Held, Ops};
 
+use super::DeviceDtype;
 use crate::error::ModelError;
 use crate::launch_plan::{Gemm, device_keeps_quantized};
 use crate::llama::Linear;
 use crate::weights::Weight;
 
-/// The rows of `w` as bf16 bits (dequantized, then rounded to nearest even).
-pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
+/// The rows of `w` dequantized, each value as `convert` makes it (bf16 bits, rounded to
+/// nearest even, or the f32 itself).
+fn rows_as<T: Held + Send>(w: &Weight, convert: fn(f32) -> T) -> Result<Vec<T>, ModelError> {
     let m = w.mat();
-    let mut out = vec![0u16; w.rows * w.cols];
+    let mut out = vec![T::default(); w.rows * w.cols];
     out.par_chunks_mut(w.cols.max(1))
         .enumerate()
         .try_for_each_init(
@@ -23,12 +26,21 @@ pub(crate) fn bf16_bits(w: &Weight) -> Result<Vec<u16>, ModelError> {
             |row, (r, dst)| {
                 m.dequantize_row(r, row)?;
                 for (d, &x) in dst.iter_mut().zip(row.iter()) {
-                    *d = half::bf16::from_f32(x).to_bits();
+                    *d = convert(x);
                 }
                 Ok::<(), ModelError>(())
             },
         )?;
     Ok(out)
+}
+
+/// Every part's rows, in turn, as `convert` makes each value.
+fn stacked<T: Held + Send>(parts: &[&Linear], convert: fn(f32) -> T) -> Result<Vec<T>, ModelError> {
+    let mut all = Vec::new();
+    for p in parts {
+        all.extend(rows_as(&p.weight, convert)?);
+    }
+    Ok(all)
 }
 
 /// The quantized types among `weights` that no device kernel reads, so that they are
@@ -49,7 +61,12 @@ pub(crate) fn dequantized_at_upload<'w>(
 #[derive(Debug)]
 enum Matrix {
     Bf16(CudaSlice<u16>),
-    Quantized { bytes: CudaSlice<u8>, dtype: DType },
+    /// The exact path's.
+    F32(CudaSlice<f32>),
+    Quantized {
+        bytes: CudaSlice<u8>,
+        dtype: DType,
+    },
 }
 
 /// A projection on the device: `rows × cols`, with an optional f32 bias.
@@ -71,12 +88,14 @@ pub(crate) struct Input<'a, F = CudaSlice<f32>, B = CudaSlice<u16>> {
 
 impl DeviceLinear {
     /// Uploads `parts` stacked row-wise as one projection (gate and up fused, or q, k and
-    /// v: each token's output is every part's rows in turn, and so is the bias). Parts of one quantized type stay quantized
-    /// if `keep_quantized` (a matvec kernel reads them); all else becomes bf16.
+    /// v: each token's output is every part's rows in turn, and so is the bias), held as
+    /// `dtype` says. Under bf16, parts of one quantized type stay quantized if
+    /// `keep_quantized` (a matvec kernel reads them) and all else becomes bf16; under f32,
+    /// everything becomes f32.
     pub(crate) fn upload(
         ops: &Ops<'_>,
         parts: &[&Linear],
-        keep_quantized: bool,
+        (dtype, keep_quantized): (DeviceDtype, bool),
     ) -> Result<DeviceLinear, ModelError> {
         let first = &parts[0].weight;
         let cols = first.cols;
@@ -87,7 +106,10 @@ impl DeviceLinear {
             });
         }
         let same_type = parts.iter().all(|p| p.weight.dtype == first.dtype);
-        let matrix = if keep_quantized && same_type && device_keeps_quantized(first.dtype) {
+        let quantized = keep_quantized && same_type && device_keeps_quantized(first.dtype);
+        let matrix = if dtype == DeviceDtype::F32 {
+            Matrix::F32(ops.upload(&stacked(parts, |x| x)?)?)
+        } else if quantized {
             let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.weight.bytes().len()).sum());
             for p in parts {
                 bytes.extend_from_slice(p.weight.bytes());
@@ -97,11 +119,7 @@ impl DeviceLinear {
                 dtype: first.dtype,
             }
         } else {
-            let mut bits = Vec::with_capacity(rows * cols);
-            for p in parts {
-                bits.extend(bf16_bits(&p.weight)?);
-            }
-            Matrix::Bf16(ops.upload(&bits)?)
+            Matrix::Bf16(ops.upload(&stacked(parts, |x| half::bf16::from_f32(x).to_bits())?)?)
         };
         let bias = if parts.iter().any(|p| p.bias.is_some()) {
             let mut all = Vec::with_capacity(rows);
@@ -123,11 +141,21 @@ impl DeviceLinear {
         })
     }
 
-    /// The bf16 table of a bf16 projection.
-    pub(crate) fn table(&self) -> Option<&CudaSlice<u16>> {
+    /// `out[t]` = row `ids[t] − vocab_start` of this matrix (the embedding: bf16 or f32,
+    /// never quantized), zero for ids outside its rows.
+    pub(crate) fn gather(
+        &self,
+        ops: &Ops<'_>,
+        out: &mut CudaSlice<f32>,
+        ids: &CudaSlice<u32>,
+        vocab_start: u32,
+    ) -> Result<(), CudaError> {
         match &self.matrix {
-            Matrix::Bf16(t) => Some(t),
-            Matrix::Quantized { .. } => None,
+            Matrix::Bf16(t) => ops.embedding(out, t, ids, self.cols, vocab_start),
+            Matrix::F32(t) => ops.embedding(out, t, ids, self.cols, vocab_start),
+            Matrix::Quantized { dtype, .. } => Err(CudaError::Unsupported {
+                what: format!("an embedding gather from {} weights", dtype.name()),
+            }),
         }
     }
 
@@ -136,6 +164,7 @@ impl DeviceLinear {
         let bias = self.bias.as_ref().map_or(0, |b| b.len() * 4);
         bias + match &self.matrix {
             Matrix::Bf16(t) => t.len() * 2,
+            Matrix::F32(t) => t.len() * 4,
             Matrix::Quantized { bytes, .. } => bytes.len(),
         }
     }
@@ -143,6 +172,11 @@ impl DeviceLinear {
     /// Whether the weights run through a dequantizing matvec (which reads f32 input).
     pub(crate) fn is_quantized(&self) -> bool {
         matches!(self.matrix, Matrix::Quantized { .. })
+    }
+
+    /// Whether the weights are f32 (the exact path), read with f32 input.
+    pub(crate) fn is_f32(&self) -> bool {
+        matches!(self.matrix, Matrix::F32(_))
     }
 
     /// The bias, if the projection has one: a launch of its own (`add_bias_f32`), or
@@ -153,7 +187,7 @@ impl DeviceLinear {
 
     /// `y = W·x` for every token of `x` (one launch; the bias is not added here): bf16
     /// weights through cuBLAS or the GEMV, as `gemm` says (the caller has fitted it to the
-    /// batch, [`Gemm::for_tokens`]).
+    /// batch, [`Gemm::for_tokens`]); f32 weights through cuBLAS's f32 GEMM.
     pub(crate) fn apply<F: DevicePtr<f32>, B: DevicePtr<u16>>(
         &self,
         ops: &Ops<'_>,
@@ -167,6 +201,7 @@ impl DeviceLinear {
                 Gemm::Cublas => blas.gemm_bf16(ops, y, w, x.bf16, shape),
                 Gemm::Gemv => ops.gemv_bf16(y, w, x.bf16, shape),
             },
+            Matrix::F32(w) => blas.gemm_f32(ops, y, w, x.f32, shape),
             Matrix::Quantized { bytes, dtype } => {
                 ops.matvec_quantized(y, bytes, *dtype, x.f32, self.rows, self.cols)
             }

@@ -24,12 +24,19 @@ fn held_type(dtype: ModelDtype) -> Option<DType> {
 }
 
 impl Llama {
+    /// The type every matrix is held in by the topology's `dtype` ([`Llama::hold_as`]);
+    /// `None` for `auto` (each as loaded). A cuda shard runs its exact path for `F32`.
+    pub fn held(&self) -> Option<DType> {
+        self.held
+    }
+
     /// Holds every matrix in the type `dtype` names (nothing changes for `auto`); returns
     /// how many tensors were converted.
     pub fn hold_as(&mut self, dtype: ModelDtype) -> Result<usize, ModelError> {
         let Some(to) = held_type(dtype) else {
             return Ok(0);
         };
+        self.held = Some(to);
         let (mut converted, mut before, mut after) = (0, 0, 0);
         let mut convert = |w: &mut Weight| -> Result<(), ModelError> {
             if w.dtype != to {

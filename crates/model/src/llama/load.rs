@@ -361,6 +361,7 @@ impl Llama {
             weight_bytes: slicer.bytes,
             dequantized: slicer.dequantized,
             precision: tessera_topology::Precision::Exact,
+            held: None,
             rounding: Default::default(),
             config,
             workspace: Default::default(),

@@ -383,8 +383,8 @@ impl Validator<'_> {
         }
     }
 
-    /// Cuda shards hold weights in bf16 (or Q8_0 and Q4_K): a model whose `dtype` asks for
-    /// f32 or f16 cannot run there.
+    /// Cuda shards hold weights in bf16 (Q8_0, Q4_K and FP8 kept quantized) or, on the
+    /// exact path, f32: a model whose `dtype` asks for f16 cannot run there.
     fn dtype_on_device(
         &mut self,
         group: &str,
@@ -398,7 +398,7 @@ impl Validator<'_> {
             return;
         };
         let on_cuda = shards.iter().any(|s| s.shard.device.is_cuda());
-        if on_cuda && matches!(m.dtype, ModelDtype::F32 | ModelDtype::F16) {
+        if on_cuda && m.dtype == ModelDtype::F16 {
             let error = TopologyError::DtypeOnCuda {
                 group: group.to_owned(),
                 model: model.to_owned(),

@@ -12,8 +12,8 @@ use cudarc::driver::{
     PushKernelArg, SyncOnDrop,
 };
 
-use super::CudaError;
 use super::device::CudaDevice;
+use super::{CudaError, Held};
 
 pub mod attention;
 pub mod flash;
@@ -42,7 +42,9 @@ const SAMPLE_THREADS: u32 = 1024;
 pub fn block_threads(entry: &str) -> Option<u32> {
     match entry {
         "matvec_q8_0" | "matvec_q4_k" | "matvec_f8_e4m3" => Some(32 * MATVEC_WARPS),
-        "paged_attention_partition" | "paged_attention_reduce" => Some(ATTENTION_THREADS),
+        "paged_attention_partition"
+        | "paged_attention_partition_f32"
+        | "paged_attention_reduce" => Some(ATTENTION_THREADS),
         "sample_rows" => Some(SAMPLE_THREADS),
         _ if entry.starts_with("gemv_bf16_") => Some(gemv::GEMV_THREADS),
         _ if entry.starts_with("attention_grouped_") => Some(attention::GROUPED_THREADS),
@@ -222,12 +224,12 @@ impl<'a> Ops<'a> {
         Ok(())
     }
 
-    /// `out[t] = table[ids[t] − vocab_start]` (bf16 → f32), zero for ids outside the
+    /// `out[t] = table[ids[t] − vocab_start]` (bf16 or f32 → f32), zero for ids outside the
     /// table's `rows` rows.
-    pub fn embedding(
+    pub fn embedding<T: Held>(
         &self,
         out: &mut CudaSlice<f32>,
-        table: &CudaSlice<u16>,
+        table: &CudaSlice<T>,
         ids: &CudaSlice<u32>,
         hidden: usize,
         vocab_start: u32,
@@ -241,14 +243,15 @@ impl<'a> Ops<'a> {
         )?;
         let (h, rows_n) = (u32_of("hidden", hidden)?, u32_of("rows", table_rows)?);
         let config = rows(tokens, ROW_THREADS)?;
-        let mut a = self.builder("embedding_gather_bf16")?;
+        let entry = T::entry("embedding_gather_bf16", "embedding_gather_f32");
+        let mut a = self.builder(entry)?;
         a.arg(out)
             .arg(table)
             .arg(ids)
             .arg(&h)
             .arg(&vocab_start)
             .arg(&rows_n);
-        self.run("embedding_gather_bf16", &mut a, config)
+        self.run(entry, &mut a, config)
     }
 
     /// Per token: `residual += x` (if given), `out = rmsnorm(residual) · weight`.

@@ -12,7 +12,7 @@ use super::{
     grid_yz, rows, u32_of,
 };
 use crate::attention::{KvLayout, flash_tiles};
-use crate::cuda::CudaError;
+use crate::cuda::{CudaError, Held};
 
 /// Cache slots of a batch's tokens on the device, checked against the cache they index.
 #[derive(Debug)]
@@ -122,11 +122,12 @@ impl Ops<'_> {
         })
     }
 
-    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`.
-    pub fn kv_write(
+    /// Writes token t's K and V (`kv_width` values each) into cache slot `slots[t]`, as
+    /// bf16 or f32 (the cache's type).
+    pub fn kv_write<T: Held>(
         &self,
-        k_cache: &mut CudaSlice<u16>,
-        v_cache: &mut CudaSlice<u16>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
         slots: &Slots,
@@ -139,14 +140,15 @@ impl Ops<'_> {
         check("kv_write v cache", k_cache.len(), v_cache.len())?;
         let w = u32_of("kv_width", kv_width)?;
         let config = rows(tokens, ROW_THREADS)?;
-        let mut a = self.builder("kv_write_bf16")?;
+        let entry = T::entry("kv_write_bf16", "kv_write_f32");
+        let mut a = self.builder(entry)?;
         a.arg(k_cache)
             .arg(v_cache)
             .arg(k)
             .arg(v)
             .arg(&slots.slots)
             .arg(&w);
-        self.run("kv_write_bf16", &mut a, config)
+        self.run(entry, &mut a, config)
     }
 
     /// The block tables and contexts of one batch of attention queries, on the device,
@@ -327,11 +329,11 @@ impl Ops<'_> {
 
     /// Paged attention of the index's queries (`q`: queries × q_heads × head_dim) by the
     /// kernel the index was made for. `out` has q's shape.
-    pub fn paged_attention(
+    pub fn paged_attention<T: Held>(
         &self,
         out: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
-        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        cache: (&CudaSlice<T>, &CudaSlice<T>),
         layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
@@ -340,13 +342,14 @@ impl Ops<'_> {
 
     /// [`Ops::paged_attention`], writing the output rounded to bf16 into `out16` as well
     /// (the o projection's GEMM input) when given: the grouped and flash kernels, so that
-    /// no `round_bf16` launch follows them; the legacy kernel refuses it.
-    pub fn paged_attention_with_bf16(
+    /// no `round_bf16` launch follows them; the legacy kernel refuses it. An f32 cache
+    /// (the exact path) is read by the legacy kernel only.
+    pub fn paged_attention_with_bf16<T: Held>(
         &self,
         out: &mut CudaSlice<f32>,
         out16: Option<&mut CudaSlice<u16>>,
         q: &CudaSlice<f32>,
-        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        cache: (&CudaSlice<T>, &CudaSlice<T>),
         layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
@@ -362,6 +365,15 @@ impl Ops<'_> {
             check("attention bf16 out", q.len(), out16.len())?;
         }
         index.check_caches(layout, k_cache.len(), v_cache.len())?;
+        if T::F32 && index.kernel != AttentionKernel::Legacy {
+            return Err(CudaError::Unsupported {
+                what: format!(
+                    "an f32 KV cache with the {} attention kernel (only the legacy one \
+                     reads f32)",
+                    index.kernel
+                ),
+            });
+        }
         match (index.kernel, out16) {
             (AttentionKernel::Legacy, None) => self.legacy_attention(out, q, cache, layout, index),
             (AttentionKernel::Legacy, Some(_)) => Err(CudaError::Unsupported {
@@ -384,11 +396,11 @@ impl Ops<'_> {
     }
 
     /// `attention.cu`: partitions of [`ATTENTION_PART`] positions, merged.
-    fn legacy_attention(
+    fn legacy_attention<T: Held>(
         &self,
         out: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
-        cache: (&CudaSlice<u16>, &CudaSlice<u16>),
+        cache: (&CudaSlice<T>, &CudaSlice<T>),
         layout: KvLayout,
         index: &mut AttentionIndex,
     ) -> Result<(), CudaError> {
@@ -437,7 +449,8 @@ impl Ops<'_> {
             part_sum,
             ..
         } = index;
-        let mut a = self.builder("paged_attention_partition")?;
+        let entry = T::entry("paged_attention_partition", "paged_attention_partition_f32");
+        let mut a = self.builder(entry)?;
         a.arg(&mut *part_out)
             .arg(&mut *part_max)
             .arg(&mut *part_sum)
@@ -451,7 +464,7 @@ impl Ops<'_> {
             a.arg(d);
         }
         a.arg(&scale);
-        self.run("paged_attention_partition", &mut a, config)?;
+        self.run(entry, &mut a, config)?;
         let config = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
