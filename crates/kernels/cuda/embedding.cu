@@ -25,22 +25,16 @@ __device__ __forceinline__ void embedding_gather(
     }
 }
 
-extern "C" __global__ void embedding_gather_bf16(
-    float* out,
-    const bf16_t* table,
-    const unsigned int* ids,
-    unsigned int hidden,
-    unsigned int vocab_start,
-    unsigned int rows) {
-    embedding_gather(out, table, ids, hidden, vocab_start, rows);
+// The entries' parameters over a table of `T`, and the arguments that pass them on.
+#define GATHER_PARAMS(T)                                                                    \
+    float *out, const T *table, const unsigned int *ids, unsigned int hidden,               \
+        unsigned int vocab_start, unsigned int rows
+#define GATHER_ARGS out, table, ids, hidden, vocab_start, rows
+
+extern "C" __global__ void embedding_gather_bf16(GATHER_PARAMS(bf16_t)) {
+    embedding_gather(GATHER_ARGS);
 }
 
-extern "C" __global__ void embedding_gather_f32(
-    float* out,
-    const float* table,
-    const unsigned int* ids,
-    unsigned int hidden,
-    unsigned int vocab_start,
-    unsigned int rows) {
-    embedding_gather(out, table, ids, hidden, vocab_start, rows);
+extern "C" __global__ void embedding_gather_f32(GATHER_PARAMS(float)) {
+    embedding_gather(GATHER_ARGS);
 }

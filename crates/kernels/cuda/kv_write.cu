@@ -23,22 +23,16 @@ __device__ __forceinline__ void kv_write(
     }
 }
 
-extern "C" __global__ void kv_write_bf16(
-    bf16_t* k_cache,
-    bf16_t* v_cache,
-    const float* k,
-    const float* v,
-    const long long* slots,
-    unsigned int kv_width) {
-    kv_write(k_cache, v_cache, k, v, slots, kv_width);
+// The entries' parameters over a cache of `T`, and the arguments that pass them on.
+#define KV_WRITE_PARAMS(T)                                                                  \
+    T *k_cache, T *v_cache, const float *k, const float *v, const long long *slots,         \
+        unsigned int kv_width
+#define KV_WRITE_ARGS k_cache, v_cache, k, v, slots, kv_width
+
+extern "C" __global__ void kv_write_bf16(KV_WRITE_PARAMS(bf16_t)) {
+    kv_write(KV_WRITE_ARGS);
 }
 
-extern "C" __global__ void kv_write_f32(
-    float* k_cache,
-    float* v_cache,
-    const float* k,
-    const float* v,
-    const long long* slots,
-    unsigned int kv_width) {
-    kv_write(k_cache, v_cache, k, v, slots, kv_width);
+extern "C" __global__ void kv_write_f32(KV_WRITE_PARAMS(float)) {
+    kv_write(KV_WRITE_ARGS);
 }

@@ -240,6 +240,35 @@ fn u16s(bytes: &[u8]) -> Vec<u16> {
         .collect()
 }
 
+/// A decode query for each context of `decode` (a sequence of that many positions each),
+/// then a 5-token chunk of a 64-token prompt: the sequences' lengths and the chunks, for
+/// [`Batch::new`].
+fn decode_and_a_chunk(decode: &[u32]) -> (Vec<usize>, Vec<(u32, std::ops::Range<u32>)>) {
+    let mut chunks: Vec<(u32, std::ops::Range<u32>)> = (decode.iter().enumerate())
+        .map(|(s, &c)| (s as u32, c..c + 1))
+        .collect();
+    chunks.push((decode.len() as u32, 60..65));
+    let mut lens: Vec<usize> = decode.iter().map(|&c| c as usize).collect();
+    lens.push(64);
+    (lens, chunks)
+}
+
+/// The worst of `got`'s errors from `want`, each relative to the wanted value (at least 1
+/// in the denominator) and at most `tolerance`.
+fn within(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: values");
+    let mut worst = 0.0f32;
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(
+            err <= tolerance,
+            "{what}[{j}]: {g} vs {w} (allowed {tolerance})"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
 /// `got16` is `got` rounded to bf16, value for value.
 fn rounds_to(what: &str, got: &[f32], got16: &[u16]) {
     for (j, (g, g16)) in got.iter().zip(got16).enumerate() {
@@ -310,13 +339,7 @@ fn the_grouped_kernel_emulated_is_its_twin() {
     };
     let mut rng = StdRng::seed_from_u64(43);
     let shapes = [(2, 2, 64), (2, 6, 32), (2, 8, 128), (1, 8, 64), (4, 4, 16)];
-    let decode = [1u32, 15, 17, 100, 255, 257, 1000, 4097];
-    let mut chunks: Vec<(u32, std::ops::Range<u32>)> = (decode.iter().enumerate())
-        .map(|(s, &c)| (s as u32, c..c + 1))
-        .collect();
-    chunks.push((decode.len() as u32, 60..65));
-    let mut lens: Vec<usize> = decode.iter().map(|&c| c as usize).collect();
-    lens.push(64);
+    let (lens, chunks) = decode_and_a_chunk(&[1, 15, 17, 100, 255, 257, 1000, 4097]);
     for (i, (kv_heads, q_heads, head_dim)) in shapes.into_iter().enumerate() {
         let layout = KvLayout {
             block_size: 16,
@@ -346,15 +369,7 @@ fn the_grouped_kernel_emulated_is_its_twin() {
                 "grouped d{head_dim}, {q_heads}/{kv_heads} heads, window {window:?}, \
                  {partitions} partitions"
             );
-            let mut worst = 0.0f32;
-            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                let err = (g - w).abs() / w.abs().max(1.0);
-                assert!(
-                    err <= GROUPED_TOLERANCE,
-                    "{what}[{j}]: {g} vs {w} (allowed {GROUPED_TOLERANCE})"
-                );
-                worst = worst.max(err);
-            }
+            let worst = within(&what, &got, &want, GROUPED_TOLERANCE);
             rounds_to(&what, &got, &got16);
             eprintln!("{what}: worst {worst:.2e} from the twin");
         }

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use tessera_kernels::attention::{AttentionParams, KvLayout, paged_attention};
 
-use super::{Batch, compiled, drive, f32s};
+use super::{Batch, compiled, decode_and_a_chunk, drive, f32s, within};
 
 /// How far (relative, at least 1 in the denominator) the kernel may be from the CPU's
 /// attention on the same cache: the two differ only in the order of their sums and in
@@ -25,13 +25,7 @@ fn the_legacy_kernel_emulated_is_the_cpu_attention_over_bf16_and_f32_caches() {
         return;
     };
     let mut rng = StdRng::seed_from_u64(47);
-    let decode = [1u32, 17, 255, 256, 257, 600];
-    let mut chunks: Vec<(u32, std::ops::Range<u32>)> = (decode.iter().enumerate())
-        .map(|(s, &c)| (s as u32, c..c + 1))
-        .collect();
-    chunks.push((decode.len() as u32, 60..65));
-    let mut lens: Vec<usize> = decode.iter().map(|&c| c as usize).collect();
-    lens.push(64);
+    let (lens, chunks) = decode_and_a_chunk(&[1, 17, 255, 256, 257, 600]);
     for (i, (kv_heads, q_heads, head_dim)) in [(2, 2, 64), (2, 8, 128), (1, 8, 80), (3, 12, 64)]
         .into_iter()
         .enumerate()
@@ -70,20 +64,11 @@ fn the_legacy_kernel_emulated_is_the_cpu_attention_over_bf16_and_f32_caches() {
             let mut want = vec![0.0f32; case.q.len()];
             let kv = case.kv();
             paged_attention(&case.q, &kv, &rows, &visible, q_heads, &params, &mut want);
-            assert_eq!(got.len(), want.len());
             let cache = if f32_cache { "f32" } else { "bf16" };
             let what = format!(
                 "legacy d{head_dim}, {q_heads}/{kv_heads} heads, window {window:?}, {cache} cache"
             );
-            let mut worst = 0.0f32;
-            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                let err = (g - w).abs() / w.abs().max(1.0);
-                assert!(
-                    err <= EXACT_TOLERANCE,
-                    "{what}[{j}]: {g} vs {w} (allowed {EXACT_TOLERANCE})"
-                );
-                worst = worst.max(err);
-            }
+            let worst = within(&what, &got, &want, EXACT_TOLERANCE);
             eprintln!("{what}: worst {worst:.2e} from the CPU's attention");
         }
     }
