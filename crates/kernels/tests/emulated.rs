@@ -9,7 +9,9 @@
 //! against the CPU's attention, plain and in its append mode (`emulated/append.rs`), and
 //! the bf16 GEMV and the fused layer's norm and activation against their twins
 //! (`emulated/gemv.rs`, `emulated/fused.rs`), as on the GPU (`gpu.rs`), and the legacy
-//! attention over a bf16 cache and the exact path's f32 one (`emulated/legacy.rs`). Without a C++ compiler
+//! attention over a bf16 cache and the exact path's f32 one (`emulated/legacy.rs`),
+//! `rope_kv_write` (`emulated/append.rs`) and the dequantizing matvecs, FP8's among them
+//! (`emulated/matvec.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -28,6 +30,8 @@ mod fused;
 mod gemv;
 #[path = "emulated/legacy.rs"]
 mod legacy;
+#[path = "emulated/matvec.rs"]
+mod matvec;
 
 use half::bf16;
 use rand::rngs::StdRng;

@@ -14,10 +14,16 @@
 // head_dim / 2) and the cache slots (i64, queries; negative: padding, not written).
 // OUTPUT: the output (f32) and its bf16 copy (u16 bits), each queries × q_heads ×
 // head_dim, then the K and V caches after the launch (bf16 bits).
+//
+// With 0 partitions it runs what the fused path launches before any attention kernel
+// in a prefill or mixed batch instead: `rope_kv_write` (crates/kernels/cuda/rope_kv.cu;
+// a block of 256 threads per token) on the same inputs. OUTPUT: the rotated queries
+// (f32, queries × q_heads × head_dim), then the K and V caches after the launch.
 
 #include "cuda_emu.h"
 #include "prelude.cuh"
 #include "attention_grouped.cu"
+#include "rope_kv.cu"
 
 #include "io.h"
 #include "grouped.h"
@@ -39,6 +45,19 @@ int main(int argc, char** argv) {
     const auto inv_freq = in.take<float>(d / 2);
     const auto slots = in.take<long long>(queries);
 
+    emu_io::Writer o(argv[2]);
+    if (partitions == 0) {
+        std::vector<float> q_out((size_t)queries * q_heads * d, NAN);
+        emu::launch(dim3(queries), dim3(256), [&] {
+            rope_kv_write(q_out.data(), b.k.data(), b.v.data(), qkv.data(),
+                          has_bias ? bias.data() : nullptr, positions.data(), inv_freq.data(),
+                          slots.data(), q_heads, b.kv_heads, d, pairing);
+        });
+        o.put(q_out);
+        o.put(b.k);
+        o.put(b.v);
+        return o.close();
+    }
     const GroupedKernel kernel = grouped_entry(d, q_heads / b.kv_heads);
     if (kernel == nullptr || partitions == 0 || partitions > GROUPED_MAX_PARTITIONS) {
         fprintf(stderr, "append_main: no kernel for head_dim %u, %u partitions\n", d,
@@ -54,7 +73,6 @@ int main(int argc, char** argv) {
                qkv.data(), has_bias ? bias.data() : nullptr, positions.data(),
                inv_freq.data(), slots.data(), pairing, b.k.data(), b.v.data());
     });
-    emu_io::Writer o(argv[2]);
     o.put(run.out);
     o.put(run.out16);
     o.put(b.k);

@@ -12,7 +12,7 @@ use tessera_kernels::fused::{self, QkvRow};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
 use super::common::close_bf16;
-use super::{Batch, bf16_values, compiled, rounds_to, u16s, within};
+use super::{Batch, bf16_values, compiled, drive, f32s, rounds_to, u16s, within};
 
 /// A decode step's append inputs for `batch` (one query a sequence, each the token at
 /// position context − 1), the first query padding (slot −1: nothing of it is written).
@@ -110,18 +110,9 @@ impl Append {
 }
 
 /// GQA 1, 4 and 8; head_dim 64 and 128; both pairings of RoPE, with and without the bias;
-/// contexts on both sides of the blocks' (16) and the partitions' (64) edges; unsplit and
-/// split 3 and 64 ways. The caches as the twin writes them (each bf16 equal or a neighbour:
-/// the rotation's sin and cos differ in their last bits), and the output within
-/// [`GROUPED_TOLERANCE`] of the CPU's attention with the twin's rotated q over the caches
-/// the kernel wrote; the padding query's row is not compared (it attends from values it
-/// rotated but did not write).
-#[test]
-fn the_grouped_kernels_append_emulated_is_rope_kv_write_then_attention() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = compiled("append_main.cpp", dir.path()) else {
-        return;
-    };
+/// contexts on both sides of the blocks' (16) and the partitions' (64) edges: `f(what,
+/// batch, append inputs, pairing)` for each.
+fn for_each_case(mut f: impl FnMut(&str, &Batch, &Append, RopePairing)) {
     let mut rng = StdRng::seed_from_u64(47);
     let contexts = [1u32, 15, 16, 17, 64, 65, 300, 701];
     let chunks: Vec<(u32, std::ops::Range<u32>)> = (contexts.iter().enumerate())
@@ -142,14 +133,29 @@ fn the_grouped_kernels_append_emulated_is_rope_kv_write_then_attention() {
         };
         let batch = Batch::new(&mut rng, (layout, 2 * group), &lens, &chunks, None);
         let append = Append::new(&mut rng, &batch, pairing, bias);
-        let (q, want_k, want_v) = append.twin(&batch);
+        let what = format!("d{head_dim}, group {group}, {pairing:?}, bias {bias}");
+        f(&what, &batch, &append, pairing);
+    }
+}
+
+/// Every case of [`for_each_case`], unsplit and split 3 and 64 ways. The caches as the
+/// twin writes them (each bf16 equal or a neighbour: the rotation's sin and cos differ in
+/// their last bits), and the output within [`GROUPED_TOLERANCE`] of the CPU's attention
+/// with the twin's rotated q over the caches the kernel wrote; the padding query's row is
+/// not compared (it attends from values it rotated but did not write).
+#[test]
+fn the_grouped_kernels_append_emulated_is_rope_kv_write_then_attention() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = compiled("append_main.cpp", dir.path()) else {
+        return;
+    };
+    for_each_case(|case, batch, append, pairing| {
+        let (layout, head_dim) = (batch.layout, batch.layout.head_dim);
+        let (q, want_k, want_v) = append.twin(batch);
         for partitions in [1, 3, 64] {
             let input = batch.input(partitions, &append.bytes(pairing));
             let (got, got16, rest) = batch.run(&exe, dir.path(), &input);
-            let what = format!(
-                "append d{head_dim}, group {group}, {pairing:?}, bias {bias}, {partitions} \
-                 partitions"
-            );
+            let what = format!("append {case}, {partitions} partitions");
             let caches = u16s(&rest);
             let (got_k, got_v) = caches.split_at(caches.len() / 2);
             close_bf16(&what, got_k, &want_k);
@@ -175,5 +181,31 @@ fn the_grouped_kernels_append_emulated_is_rope_kv_write_then_attention() {
             rounds_to(&what, &got[first..], &got16[first..]);
             eprintln!("{what}: worst {worst:.2e} from the twin");
         }
-    }
+    });
+}
+
+/// `rope_kv_write` (`rope_kv.cu`, the fused path's rotation and KV write before a prefill
+/// or mixed batch's attention) on every case of [`for_each_case`]: the rotated queries,
+/// the padding one's too, within 1e-5 of the twin's (relative, at least 1 in the
+/// denominator: the sin and cos differ in their last bits), and the caches as the twin
+/// writes them, nothing at the padding query's slot.
+#[test]
+fn rope_kv_write_emulated_is_its_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = compiled("append_main.cpp", dir.path()) else {
+        return;
+    };
+    for_each_case(|case, batch, append, pairing| {
+        let (q, want_k, want_v) = append.twin(batch);
+        let bytes = drive(&exe, dir.path(), &batch.input(0, &append.bytes(pairing)));
+        let what = format!("rope_kv_write {case}");
+        assert!(bytes.len() >= q.len() * 4, "{what}: the emulator's output");
+        let (got_q, caches) = bytes.split_at(q.len() * 4);
+        let worst = within(&what, &f32s(got_q), &q, 1e-5);
+        let caches = u16s(caches);
+        let (got_k, got_v) = caches.split_at(caches.len() / 2);
+        close_bf16(&what, got_k, &want_k);
+        close_bf16(&what, got_v, &want_v);
+        eprintln!("{what}: q worst {worst:.2e} from the twin");
+    });
 }
