@@ -1,18 +1,20 @@
 //! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
 //! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
-//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights (Q4_K's
-//! 32-value sub-blocks are the activation blocks, each with its own scale and min; a Q6_K
-//! block's 16-value sub-blocks enter the integer sum with their 8-bit scales, and its `d`
-//! is the block's factor); other types keep the exact f32 kernels in `fast` mode.
+//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL
+//! and IQ4_XS weights (Q4_K's and Q5_K's 32-value sub-blocks are the activation blocks,
+//! each with its own scale and min, IQ4_XS's each with its scale; the 16-value sub-blocks
+//! of Q6_K and Q3_K enter the integer sum with their scales, and their `d` is the block's
+//! factor; IQ4's levels are 8-bit integers); other types (Q2_K, whose 16-value sub-blocks
+//! each have their own min) keep the exact f32 kernels in `fast` mode.
 //!
 //! **The arithmetic, shared by every path to the bit.** Each 32-value block `b` gives its
 //! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
 //! block's factor `d_w·d_x` (rounded once, in the sum's type [`Sum`]) and added with one
 //! fused multiply-add into chain [`chain`]`(b)` (`b mod 4`, but for the blocks after the
 //! last whole quad); a row's min terms (Q4_1's and Q5_1's `m_w·(d_x·Σq_x)`,
-//! Q4_K's `dmin·m` the same way) go into four chains of their own by the same rule. The
-//! chains add as `(c0 + c2) + (c1 + c3)` ([`add_chains`]), and the mins' total is added to
-//! (Q4_1, Q5_1) or taken from (Q4_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
+//! Q4_K's and Q5_K's `dmin·m` the same way) go into four chains of their own by the same
+//! rule. The chains add as `(c0 + c2) + (c1 + c3)` ([`add_chains`]), and the mins' total is
+//! added to (Q4_1, Q5_1) or taken from (Q4_K, Q5_K) the blocks' total last. AVX2 (`vpmaddubsw` + `vpmaddwd`) and
 //! AVX-512 VNNI (`vpdpbusd`) give the same exact integer sums, so the scalar reference
 //! here, the AVX2 path and the VNNI path agree bit for bit, and a vector's result depends
 //! on nothing but its own values: batch invariant. The blocks are those of the weight's
@@ -22,11 +24,9 @@
 use rayon::prelude::*;
 
 use super::Features;
-use crate::quant::float::f16_le_to_f32;
-use crate::quant::k_quants::{
-    Q4_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, scale_min_pairs,
-};
+mod reference;
 use crate::{DType, KernelError};
+pub use reference::{add_chains, chain, dot_reference, dot_reference_in};
 
 /// Values per activation block.
 pub const BLOCK: usize = 32;
@@ -142,8 +142,12 @@ pub fn supports(dtype: DType) -> bool {
             | DType::Q4_1
             | DType::Q5_0
             | DType::Q5_1
+            | DType::Q3K
             | DType::Q4K
+            | DType::Q5K
             | DType::Q6K
+            | DType::IQ4NL
+            | DType::IQ4XS
     )
 }
 
@@ -316,7 +320,8 @@ impl Q8Acts {
         let n = self.len();
         if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
             return Err(KernelError::ByteLength {
-                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K, whole rows)",
+                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, \
+                       Q5_K, Q6_K, IQ4_NL or IQ4_XS; whole rows)",
                 expected: row_bytes,
                 actual: rows.len(),
             });
@@ -402,15 +407,23 @@ impl Kernels {
                 (DType::Q4_1, true, _) => pick!(dot_q4_1_vnni),
                 (DType::Q5_0, true, _) => pick!(dot_q5_0_vnni),
                 (DType::Q5_1, true, _) => pick!(dot_q5_1_vnni),
+                (DType::Q3K, true, _) => pick!(dot_q3_k_vnni),
                 (DType::Q4K, true, _) => pick!(dot_q4_k_vnni),
+                (DType::Q5K, true, _) => pick!(dot_q5_k_vnni),
                 (DType::Q6K, true, _) => pick!(dot_q6_k_vnni),
+                (DType::IQ4NL, true, _) => pick!(dot_iq4_nl_vnni),
+                (DType::IQ4XS, true, _) => pick!(dot_iq4_xs_vnni),
                 (DType::Q8_0, _, true) => pick!(dot_q8_0),
                 (DType::Q4_0, _, true) => pick!(dot_q4_0),
                 (DType::Q4_1, _, true) => pick!(dot_q4_1),
                 (DType::Q5_0, _, true) => pick!(dot_q5_0),
                 (DType::Q5_1, _, true) => pick!(dot_q5_1),
+                (DType::Q3K, _, true) => pick!(dot_q3_k),
                 (DType::Q4K, _, true) => pick!(dot_q4_k),
+                (DType::Q5K, _, true) => pick!(dot_q5_k),
                 (DType::Q6K, _, true) => pick!(dot_q6_k),
+                (DType::IQ4NL, _, true) => pick!(dot_iq4_nl),
+                (DType::IQ4XS, _, true) => pick!(dot_iq4_xs),
                 _ => None,
             };
             Kernels { simd }
@@ -453,124 +466,6 @@ fn reference_rows<S: Sum, const T: usize>(
 ) {
     for (row, out) in rows.chunks_exact(row_bytes).zip(out) {
         *out = xs.map(|x| dot_reference_in::<S>(dtype, row, x).map_or(f64::NAN, S::to_f64));
-    }
-}
-
-/// The chain that block `b` of a row of `blocks` goes into: `b mod 4` in the row's whole
-/// quads; the blocks after the last whole quad take the chains of their places among the
-/// row's last 4 blocks (block `blocks - 1` chain 3), when the row has 4 blocks or more.
-pub fn chain(b: usize, blocks: usize) -> usize {
-    if b < blocks / 4 * 4 || blocks < 4 {
-        b % 4
-    } else {
-        b + 4 - blocks
-    }
-}
-
-/// The total of four chains, in the one order every path adds them.
-pub fn add_chains<S: Sum>(c: [S; 4]) -> S {
-    (c[0] + c[2]) + (c[1] + c[3])
-}
-
-/// The scalar reference: `row` (whole blocks of `dtype`, one 32-value block per scale of
-/// `x`) dotted with quantized vector `x`.
-pub fn dot_reference(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<f32, KernelError> {
-    dot_reference_in(dtype, row, x)
-}
-
-/// [`dot_reference`] summed in `S` ([`Sum`]).
-pub fn dot_reference_in<S: Sum>(dtype: DType, row: &[u8], x: Q8Row<'_>) -> Result<S, KernelError> {
-    let values = dtype.block_elems();
-    let bytes = dtype.block_bytes();
-    let expected = x.d.len() * BLOCK / values * bytes;
-    if !supports(dtype) || row.len() != expected || !(x.d.len() * BLOCK).is_multiple_of(values) {
-        return Err(KernelError::ByteLength {
-            what: "an 8-bit-activation weight row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K)",
-            expected,
-            actual: row.len(),
-        });
-    }
-    let mut chains = [S::default(); 4];
-    let mut mins = [S::default(); 4];
-    for b in 0..x.d.len() {
-        let per = values / BLOCK;
-        let block = &row[b / per * bytes..][..bytes];
-        let (w, dw, min) = sub_block(dtype, block, b % per);
-        let xq = &x.qs[b * BLOCK..][..BLOCK];
-        // Rounded once in `S` (exact in f64).
-        let factor = S::from_f32(dw) * S::from_f32(x.d[b]);
-        // |sum| < 2^24 (Q6_K's at most 32·32·127·128; the others' below 2^20): exact in f32.
-        let sum: i32 = (0..BLOCK).map(|i| w[i] * i32::from(xq[i])).sum();
-        let c = chain(b, x.d.len());
-        chains[c] = S::mul_add(factor, S::from_f32(sum as f32), chains[c]);
-        if let Some(m) = min {
-            mins[c] = S::mul_add(S::from_f32(m), S::from_f32(x.dsum[b]), mins[c]);
-        }
-    }
-    let (total, mins) = (add_chains(chains), add_chains(mins));
-    Ok(match dtype {
-        DType::Q4_1 | DType::Q5_1 => total + mins,
-        DType::Q4K => total - mins,
-        _ => total,
-    })
-}
-
-/// Sub-block `j` (32 values) of a weight block: its integer values (Q6_K's times their
-/// 8-bit sub-block scales), its scale and the factor of its min term, if it has one: Q4_1's
-/// and Q5_1's `m` (added), Q4_K's `dmin·m` (taken away).
-fn sub_block(dtype: DType, block: &[u8], j: usize) -> ([i32; 32], f32, Option<f32>) {
-    let d = f16_le_to_f32([block[0], block[1]]);
-    let nibble = |qs: &[u8], i: usize| i32::from(if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 });
-    match dtype {
-        DType::Q8_0 => (
-            std::array::from_fn(|i| i32::from(block[2 + i] as i8)),
-            d,
-            None,
-        ),
-        DType::Q4_0 => (std::array::from_fn(|i| nibble(&block[2..], i) - 8), d, None),
-        DType::Q4_1 => {
-            let m = f16_le_to_f32([block[2], block[3]]);
-            (std::array::from_fn(|i| nibble(&block[4..], i)), d, Some(m))
-        }
-        // The fifth bit of value i is bit i of the little-endian word before the nibbles.
-        DType::Q5_0 => {
-            let high = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-            let q = |i: usize| nibble(&block[6..], i) | (((high >> i) & 1) << 4) as i32;
-            (std::array::from_fn(|i| q(i) - 16), d, None)
-        }
-        DType::Q5_1 => {
-            let m = f16_le_to_f32([block[2], block[3]]);
-            let high = u32::from_le_bytes([block[4], block[5], block[6], block[7]]);
-            let q = |i: usize| nibble(&block[8..], i) | (((high >> i) & 1) << 4) as i32;
-            (std::array::from_fn(q), d, Some(m))
-        }
-        // Q6_K: sub-block j = 4h + k is the low (k < 2) or high nibbles of
-        // ql[64h + 32·(k mod 2)..] with bits 2k.. of qh[32h..] above them, value q − 32;
-        // its halves are scaled by sc[8h + 2k] and sc[8h + 2k + 1], in the integers.
-        DType::Q6K => {
-            let (h, k) = (j / 4, j % 4);
-            let ql = &block[64 * h + 32 * (k % 2)..][..32];
-            let qh = &block[Q6_K_QH_OFFSET + 32 * h..][..32];
-            let sc = |i: usize| i32::from(block[Q6_K_SCALES_OFFSET + 8 * h + 2 * k + i / 16] as i8);
-            let q = |i: usize| {
-                let low = (ql[i] >> (4 * (k / 2))) & 15;
-                let high = (qh[i] >> (2 * k)) & 3;
-                i32::from(low | (high << 4)) - 32
-            };
-            let d = f16_le_to_f32([block[Q6_K_D_OFFSET], block[Q6_K_D_OFFSET + 1]]);
-            (std::array::from_fn(|i| q(i) * sc(i)), d, None)
-        }
-        _ => {
-            // Q4_K: sub-blocks 2c and 2c + 1 are the low and high nibbles of 32 bytes.
-            let (ds, dm) = scale_min_pairs(block)[j];
-            let chunk = &block[Q4_K_QS_OFFSET + 32 * (j / 2)..][..32];
-            let shift = 4 * (j % 2);
-            (
-                std::array::from_fn(|i| i32::from((chunk[i] >> shift) & 15)),
-                ds,
-                Some(dm),
-            )
-        }
     }
 }
 

@@ -102,6 +102,33 @@ pub fn q3_k_scales_all(block: &[u8; BLOCK_Q3_K_BYTES]) -> [i8; 16] {
     std::array::from_fn(|i| bytes[i / 8][i % 8] as i8 - 32)
 }
 
+/// The signed scale of Q3_K 16-value sub-block `i` from the 12 packed scale bytes, one at
+/// a time as the layout defines it (see [`q3_k_scales_all`], which unpacks all 16 at once
+/// and is tested against this).
+#[inline]
+pub fn q3_k_scale(i: usize, scales: &[u8; 12]) -> i8 {
+    let low = if i < 8 {
+        scales[i] & 0x0f
+    } else {
+        scales[i - 8] >> 4
+    };
+    let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+    (low | (high << 4)) as i8 - 32
+}
+
+/// The signed scales of Q3_K 16-value sub-blocks `2j` and `2j + 1` (the halves of 32-value
+/// sub-block `j`, 0..8) from the 12 packed scale bytes: [`q3_k_scale`] of both, read as two
+/// 16-bit words (the pair's low nibbles share bytes `2(j mod 4)..`, their high bits bytes
+/// `8 + 2(j mod 2)..`).
+#[inline]
+pub fn q3_k_scale_pair(j: usize, scales: &[u8; 12]) -> (i8, i8) {
+    let word = |at: usize| u16::from_le_bytes([scales[at], scales[at + 1]]);
+    let low = (word(2 * (j % 4)) >> (4 * (j / 4))) & 0x0f0f;
+    let high = (word(8 + 2 * (j % 2)) >> (2 * (j / 2))) & 0x0303;
+    let [first, second] = (low | (high << 4)).to_le_bytes();
+    (first as i8 - 32, second as i8 - 32)
+}
+
 /// Dequantizes one Q2_K block.
 #[inline]
 pub fn dequantize_block_q2_k(block: &[u8; BLOCK_Q2_K_BYTES], out: &mut [f32; QK_K]) {
@@ -131,18 +158,6 @@ pub fn dequantize_block_q3_k(block: &[u8; BLOCK_Q3_K_BYTES], out: &mut [f32; QK_
 mod tests {
     use super::*;
     use half::f16;
-
-    /// The scale of Q3_K sub-block `i` as the layout defines it, one at a time: the
-    /// reference for [`q3_k_scales_all`].
-    fn q3_k_scale(i: usize, scales: &[u8; 12]) -> i8 {
-        let low = if i < 8 {
-            scales[i] & 0x0f
-        } else {
-            scales[i - 8] >> 4
-        };
-        let high = (scales[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-        (low | (high << 4)) as i8 - 32
-    }
 
     /// A Q3_K block holding `packed` as its scales (and zeros elsewhere).
     fn block_with_scales(packed: [u8; 12]) -> [u8; BLOCK_Q3_K_BYTES] {
@@ -176,6 +191,21 @@ mod tests {
             assert_eq!(q3_k_scale(i, &packed), s, "sub-block {i}");
         }
         assert_eq!(q3_k_scales_all(&block_with_scales(packed)), sc);
+    }
+
+    #[test]
+    fn q3_k_scale_pairs_are_their_two_scales() {
+        let mut state = 0x2545_f491_u32;
+        for _ in 0..2000 {
+            let packed: [u8; 12] = std::array::from_fn(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 24) as u8
+            });
+            for j in 0..8 {
+                let want = (q3_k_scale(2 * j, &packed), q3_k_scale(2 * j + 1, &packed));
+                assert_eq!(q3_k_scale_pair(j, &packed), want, "{packed:?}, pair {j}");
+            }
+        }
     }
 
     #[test]

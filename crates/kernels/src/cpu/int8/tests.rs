@@ -3,32 +3,42 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::quant;
-use crate::quant::k_quants::{Q6_K_SCALES_OFFSET, QK_K};
+use crate::quant::k_quants::{Q6_K_D_OFFSET, Q6_K_SCALES_OFFSET, QK_K};
+use crate::quant::k_quants_small::Q3_K_D_OFFSET;
 
-const TYPES: [DType; 7] = [
+const TYPES: [DType; 11] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
+    DType::Q3K,
     DType::Q4K,
+    DType::Q5K,
     DType::Q6K,
+    DType::IQ4NL,
+    DType::IQ4XS,
 ];
 
 /// `rows` random rows of `cols` values of `dtype`: random bytes, with every block's f16
-/// scale (and Q4_1 min, Q4_K dmin) set to a finite value.
+/// scale (and Q4_1 min, Q4_K and Q5_K dmin) set to a finite value.
 fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
     let bytes = dtype.block_bytes();
     let blocks = rows * cols / dtype.block_elems();
     let mut data: Vec<u8> = (0..blocks * bytes).map(|_| rng.random()).collect();
     for block in data.chunks_exact_mut(bytes) {
-        if dtype == DType::Q6K {
-            // Its f16 `d` comes last.
+        // Q6_K's and Q3_K's f16 `d` comes last.
+        let last = match dtype {
+            DType::Q6K => Some(Q6_K_D_OFFSET),
+            DType::Q3K => Some(Q3_K_D_OFFSET),
+            _ => None,
+        };
+        if let Some(at) = last {
             let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05)).to_bits();
-            block[Q6_K_D_OFFSET..].copy_from_slice(&value.to_le_bytes());
+            block[at..].copy_from_slice(&value.to_le_bytes());
             continue;
         }
-        let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K) {
+        let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K) {
             2
         } else {
             1
@@ -122,7 +132,7 @@ fn every_path_gives_the_reference_bits<S: Sum + Into<f64>>() {
     let mut rng = StdRng::seed_from_u64(7);
     let features = Features::get();
     for dtype in TYPES {
-        let k_quant = matches!(dtype, DType::Q4K | DType::Q6K);
+        let k_quant = dtype.block_elems() == QK_K;
         let sizes = [256, 768, 1536].map(|c| if k_quant { c } else { c * 3 / 4 });
         // 1 to 3 blocks past the last whole quad (32, 96 and 224 values; 576), and none;
         // whole octets alone (256), and followed by 5 and 7 blocks (416, 480).
@@ -201,7 +211,7 @@ fn bad_lengths_and_types_are_errors() {
         "past the vectors"
     );
     assert!(
-        acts.dot_rows(DType::Q5K, &row, 0, 2, &mut out).is_err(),
+        acts.dot_rows(DType::Q2K, &row, 0, 2, &mut out).is_err(),
         "no 8-bit kernel"
     );
     assert!(dot_reference(DType::F32, &row, acts.row(0)).is_err());

@@ -6,8 +6,15 @@ use std::arch::x86_64::*;
 use super::reads::*;
 use super::{Mins, Octet, Sub, dot_blocks};
 use crate::cpu::int8::Q8Row;
+use crate::quant::iq4::{
+    BLOCK_IQ4_NL_BYTES, BLOCK_IQ4_XS_BYTES, IQ4_NL_QS_OFFSET, IQ4_XS_QS_OFFSET, iq4_xs_scale,
+};
 use crate::quant::k_quants::{
-    BLOCK_Q6_K_BYTES, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, q4_k_scale_min,
+    BLOCK_Q4_K_BYTES, BLOCK_Q5_K_BYTES, BLOCK_Q6_K_BYTES, Q4_K_QS_OFFSET, Q5_K_QH_OFFSET,
+    Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, q4_k_scale_min,
+};
+use crate::quant::k_quants_small::{
+    BLOCK_Q3_K_BYTES, Q3_K_D_OFFSET, Q3_K_QS_OFFSET, Q3_K_SCALES_OFFSET, q3_k_scale_pair,
 };
 
 int8_kernels!(
@@ -84,32 +91,58 @@ int8_kernels!(
     |q| f16_pairs_x4(w.as_ptr().add(q * 24), 24)
 );
 
-int8_kernels!(
-    /// Q4_K row (256 values per block: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales
-    /// and mins, 128 bytes of nibbles; value `(d·sc)·q − dmin·m`) with 8-bit activations:
-    /// sub-blocks 2c and 2c + 1 are the low and high nibbles of the c-th 32 bytes.
-    dot_q4_k, dot_q4_k_vnni, Mins::Subtract, |w| w.len() / 144 * 8, |b| {
-        let block = w.as_ptr().add(b / 8 * 144);
-        let j = b % 8;
-        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
-        let (sc, m) = q4_k_scale_min(j, scales);
-        let qs = load32(block.add(16 + 32 * (j / 2)));
-        let shifted = if j % 2 == 0 { qs } else { _mm256_srli_epi16::<4>(qs) };
-        let values = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
-        let scale = f16_at(block) * f32::from(sc);
-        let min = f16_at(block.add(2)) * f32::from(m);
-        Sub { values, signed: false, scale, min, halves: None }
-    },
-    |q| {
-        // Sub-blocks q..q + 4 of one block (q is a multiple of 4).
-        let block = w.as_ptr().add(q / 8 * 144);
-        let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
-        let pairs: [(u8, u8); 4] = std::array::from_fn(|k| q4_k_scale_min(q % 8 + k, scales));
-        let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
-        let [a, b, c, e] = pairs.map(|(sc, _)| d * f32::from(sc));
-        let [f, g, h, i] = pairs.map(|(_, m)| dmin * f32::from(m));
-        (_mm_setr_ps(a, b, c, e), _mm_setr_ps(f, g, h, i))
-    }
+/// The Q4_K and Q5_K kernels from one block reader (`$five`: Q5_K's fifth bits): 256 values
+/// per block of `$bytes` bytes, f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales and
+/// mins, then (Q5_K) 32 bytes of fifth bits, and 128 bytes of nibbles at `$qs`; value
+/// `(d·sc)·q − dmin·m`. Sub-blocks 2c and 2c + 1 are the low and high nibbles of the c-th 32
+/// bytes, and the fifth bit of sub-block j's value i is bit j of qh[i]. One macro rather
+/// than helper functions for the scales: those kept their `f16_at` calls as calls, and
+/// Q4_K's kernel lost 10 to 15% (matvec 4096 × 4096, 1 thread).
+macro_rules! k_quant_kernels {
+    ($(#[$doc:meta])* $avx2:ident, $vnni:ident, $bytes:expr, $qs:expr, $five:expr) => {
+        int8_kernels!(
+            $(#[$doc])*
+            $avx2, $vnni, Mins::Subtract, |w| w.len() / $bytes * 8, |b| {
+                let block = w.as_ptr().add(b / 8 * $bytes);
+                let j = b % 8;
+                let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
+                let (sc, m) = q4_k_scale_min(j, scales);
+                let qs = load32(block.add($qs + 32 * (j / 2)));
+                let shifted = if j % 2 == 0 { qs } else { _mm256_srli_epi16::<4>(qs) };
+                let mut values = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+                if $five {
+                    let qh = load32(block.add(Q5_K_QH_OFFSET));
+                    let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32));
+                    let bit = _mm256_and_si256(bit, _mm256_set1_epi8(1));
+                    values = _mm256_or_si256(values, _mm256_slli_epi16::<4>(bit));
+                }
+                let scale = f16_at(block) * f32::from(sc);
+                let min = f16_at(block.add(2)) * f32::from(m);
+                Sub { values, signed: false, scale, min, halves: None }
+            },
+            |q| {
+                // Sub-blocks q..q + 4 of one block (q is a multiple of 4).
+                let block = w.as_ptr().add(q / 8 * $bytes);
+                let scales: &[u8; 12] = &*block.add(4).cast::<[u8; 12]>();
+                let pairs: [(u8, u8); 4] =
+                    std::array::from_fn(|k| q4_k_scale_min(q % 8 + k, scales));
+                let (d, dmin) = (f16_at(block), f16_at(block.add(2)));
+                let [a, b, c, e] = pairs.map(|(sc, _)| d * f32::from(sc));
+                let [f, g, h, i] = pairs.map(|(_, m)| dmin * f32::from(m));
+                (_mm_setr_ps(a, b, c, e), _mm_setr_ps(f, g, h, i))
+            }
+        );
+    };
+}
+
+k_quant_kernels!(
+    /// Q4_K row with 8-bit activations (see [`k_quant_kernels!`]).
+    dot_q4_k, dot_q4_k_vnni, BLOCK_Q4_K_BYTES, Q4_K_QS_OFFSET, false
+);
+
+k_quant_kernels!(
+    /// Q5_K row with 8-bit activations (see [`k_quant_kernels!`]).
+    dot_q5_k, dot_q5_k_vnni, BLOCK_Q5_K_BYTES, Q5_K_QS_OFFSET, true
 );
 
 int8_kernels!(
@@ -140,5 +173,80 @@ int8_kernels!(
     |q| {
         let d = f16_at(w.as_ptr().add(q / 8 * BLOCK_Q6_K_BYTES + Q6_K_D_OFFSET));
         (_mm_set1_ps(d), _mm_setzero_ps())
+    }
+);
+
+int8_kernels!(
+    /// Q3_K row (256 values per block: 32 bytes of high bits, 64 of 2-bit quants, 12 of
+    /// packed 6-bit scales of 16-value sub-blocks, f16 d; value `d·sc·q` with q in −4..4)
+    /// with 8-bit activations. Sub-block j = 4h + k is bits 2k.. of qs[32h..], less 4 where
+    /// bit j of hmask[i] is clear; its halves' scales sc[2j] and sc[2j + 1] multiply their
+    /// pair sums in the integers, and `d` is its factor.
+    dot_q3_k, dot_q3_k_vnni, Mins::None, |w| w.len() / BLOCK_Q3_K_BYTES * 8, |b| {
+        let block = w.as_ptr().add(b / 8 * BLOCK_Q3_K_BYTES);
+        let j = b % 8;
+        let (h, k) = (j / 4, j % 4);
+        let qs = load32(block.add(Q3_K_QS_OFFSET + 32 * h));
+        let low = _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * k as i32));
+        let low = _mm256_and_si256(low, _mm256_set1_epi8(3));
+        let hmask = _mm256_srl_epi16(load32(block), _mm_cvtsi32_si128(j as i32));
+        let high = _mm256_slli_epi16::<2>(_mm256_and_si256(hmask, _mm256_set1_epi8(1)));
+        let values = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4));
+        let scales: &[u8; 12] = &*block.add(Q3_K_SCALES_OFFSET).cast::<[u8; 12]>();
+        let (first, second) = q3_k_scale_pair(j, scales);
+        let halves = _mm256_set_m128i(
+            _mm_set1_epi16(i16::from(second)),
+            _mm_set1_epi16(i16::from(first)),
+        );
+        let scale = f16_at(block.add(Q3_K_D_OFFSET));
+        Sub { values, signed: true, scale, min: 0.0, halves: Some(halves) }
+    },
+    |q| {
+        let d = f16_at(w.as_ptr().add(q / 8 * BLOCK_Q3_K_BYTES + Q3_K_D_OFFSET));
+        (_mm_set1_ps(d), _mm_setzero_ps())
+    }
+);
+
+int8_kernels!(
+    /// IQ4_NL row (f16 d, 16 bytes of 4-bit indices into the 16 levels, laid out as Q4_0's
+    /// nibbles; value `d·LEVELS[q]`) with 8-bit activations.
+    dot_iq4_nl, dot_iq4_nl_vnni, Mins::None, |w| w.len() / BLOCK_IQ4_NL_BYTES, |b| {
+        let block = w.as_ptr().add(b * BLOCK_IQ4_NL_BYTES);
+        let values = _mm256_shuffle_epi8(iq4_levels(), nibbles(block.add(IQ4_NL_QS_OFFSET)));
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None }
+    },
+    |q| (f16x4(w.as_ptr().add(q * BLOCK_IQ4_NL_BYTES), BLOCK_IQ4_NL_BYTES), _mm_setzero_ps()),
+    Some(
+        #[inline(always)]
+        |o: usize| {
+            let at = w.as_ptr().add(o * BLOCK_IQ4_NL_BYTES + IQ4_NL_QS_OFFSET);
+            let mut values = nibble_octet(at, BLOCK_IQ4_NL_BYTES);
+            for v in &mut values {
+                *v = _mm256_shuffle_epi8(iq4_levels(), *v);
+            }
+            Octet { values, signed: true }
+        }
+    )
+);
+
+int8_kernels!(
+    /// IQ4_XS row (256 values per block: f16 d, 6-bit sub-block scales in 2 + 4 bytes,
+    /// 128 bytes of 4-bit indices; sub-block j's value `d·(sc_j − 32)·LEVELS[q]`, its
+    /// indices laid out as an IQ4_NL block's) with 8-bit activations.
+    dot_iq4_xs, dot_iq4_xs_vnni, Mins::None, |w| w.len() / BLOCK_IQ4_XS_BYTES * 8, |b| {
+        let block = w.as_ptr().add(b / 8 * BLOCK_IQ4_XS_BYTES);
+        let j = b % 8;
+        let at = block.add(IQ4_XS_QS_OFFSET + 16 * j);
+        let values = _mm256_shuffle_epi8(iq4_levels(), nibbles(at));
+        let header = std::slice::from_raw_parts(block, IQ4_XS_QS_OFFSET);
+        let scale = f16_at(block) * f32::from(iq4_xs_scale(j, header));
+        Sub { values, signed: true, scale, min: 0.0, halves: None }
+    },
+    |q| {
+        let block = w.as_ptr().add(q / 8 * BLOCK_IQ4_XS_BYTES);
+        let header = std::slice::from_raw_parts(block, IQ4_XS_QS_OFFSET);
+        let d = f16_at(block);
+        let [a, b, c, e] = std::array::from_fn(|k| d * f32::from(iq4_xs_scale(q % 8 + k, header)));
+        (_mm_setr_ps(a, b, c, e), _mm_setzero_ps())
     }
 );

@@ -30,6 +30,17 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
+/// The 16 IQ4 levels ([`crate::quant::iq4::IQ4_LEVELS`]) in each 128-bit half: the table of
+/// a `vpshufb` that turns indices 0..16 into their levels.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn iq4_levels() -> __m256i {
+    let table = crate::quant::iq4::IQ4_LEVELS;
+    // SAFETY: 16 bytes from a 16-byte array.
+    let half = unsafe { _mm_loadu_si128(table.as_ptr().cast()) };
+    _mm256_set_m128i(half, half)
+}
+
 /// The fifth bits of a Q5_0 or Q5_1 block as 32 bytes: byte `i` is 0x10 where bit `i` of
 /// the little-endian word at `p` is set, else 0 (to be or'ed into [`nibbles`]).
 ///
