@@ -5,7 +5,7 @@
 //!
 //! Each kernel dots whole weight rows, one after another, with `T` quantized vectors,
 //! unpacking each weight block once for all of them. Where a type has an octet reader (all
-//! but Q5_0, Q5_1 and the 256-value types), a row's whole octets of 8 blocks are read interleaved, like the vector's
+//! but Q5_0, Q5_1 and the K-quants), a row's whole octets of 8 blocks are read interleaved, like the vector's
 //! ([`Q8Row::octets`]): one register then collects the 8 blocks' sums, with no horizontal
 //! adds, and its halves go into the chains exactly as two quads' sums would.
 

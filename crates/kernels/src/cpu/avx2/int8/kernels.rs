@@ -248,5 +248,18 @@ int8_kernels!(
         let d = f16_at(block);
         let [a, b, c, e] = std::array::from_fn(|k| d * f32::from(iq4_xs_scale(q % 8 + k, header)));
         (_mm_setr_ps(a, b, c, e), _mm_setzero_ps())
-    }
+    },
+    // An octet of sub-blocks is one whole block: its 8 runs of 16 index bytes, each laid out
+    // as an IQ4_NL block's.
+    Some(
+        #[inline(always)]
+        |o: usize| {
+            let at = w.as_ptr().add(o / 8 * BLOCK_IQ4_XS_BYTES + IQ4_XS_QS_OFFSET);
+            let mut values = nibble_octet(at, 16);
+            for v in &mut values {
+                *v = _mm256_shuffle_epi8(iq4_levels(), *v);
+            }
+            Octet { values, signed: true }
+        }
+    )
 );
