@@ -66,6 +66,25 @@ extern "C" __global__ void matvec_q8_0(
         [](const unsigned char* blk, unsigned int i) { return (float)(signed char)blk[2 + i]; });
 }
 
+// Q5_0: blocks of 32 values, 22 bytes: f16 scale d, 32 fifth bits (a little-endian word,
+// bit i for value i), then 16 bytes of nibbles (value i in the low nibble of byte i, value
+// i + 16 in the high one); value = d · (q − 16). cols % 32 == 0.
+extern "C" __global__ void matvec_q5_0(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    matvec_blocks32<22>(
+        out, w, x, rows, cols,
+        [](const unsigned char* blk) { return load_f16(blk); },
+        [](const unsigned char* blk, unsigned int i) {
+            const unsigned int nibble = i < 16 ? blk[6 + i] & 0x0fu : blk[6 + i - 16] >> 4;
+            const unsigned int fifth = (blk[2 + i / 8] >> (i % 8)) & 1u;
+            return (float)(int)((nibble | (fifth << 4)) - 16u);
+        });
+}
+
 // An e4m3fn code's value · 2^-8: moved into f16's layout (sign to bit 15, exponent and
 // mantissa up 7 bits) it reads as that exactly, subnormals included, f16's exponent bias
 // being 15 where e4m3fn's is 7; a NaN code (S.1111.111) becomes an f16 NaN. Twin:
@@ -106,11 +125,14 @@ __device__ __forceinline__ void q4_k_scale_min(
     }
 }
 
-// Q4_K: super-blocks of 256 values, 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales
-// and minimums, 128 bytes of 4-bit quants (each 32-byte chunk: 32 values in the low
-// nibbles, the next 32 in the high ones). Each lane takes 4 low and 4 high values of a
-// super-block. cols % 256 == 0.
-extern "C" __global__ void matvec_q4_k(
+// Q4_K and Q5_K: super-blocks of 256 values, f16 d, f16 dmin, 12 bytes of 6-bit scales and
+// minimums, then (Q5_K) 32 bytes of fifth bits `qh`, and 128 bytes of 4-bit quants (each
+// 32-byte chunk c: 32 values in the low nibbles, the next 32 in the high ones, sub-blocks
+// 2c and 2c + 1; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]). Value =
+// d·sc·q − dmin·m. Each lane takes 4 low and 4 high values of a super-block.
+// cols % 256 == 0.
+template <unsigned int BYTES, bool FIVE>
+__device__ __forceinline__ void matvec_k_scale_min(
     float* out,
     const unsigned char* w,
     const float* x,
@@ -122,30 +144,99 @@ extern "C" __global__ void matvec_q4_k(
     }
     const unsigned int lane = threadIdx.x & 31u;
     const unsigned int supers = cols / 256;
-    const unsigned char* wr = w + (size_t)row * supers * 144;
+    const unsigned char* wr = w + (size_t)row * supers * BYTES;
     const float* xt = x + (size_t)blockIdx.y * cols;
     const unsigned int chunk = lane / 8;
     const unsigned int l0 = (lane % 8) * 4;
     float acc = 0.0f;
     for (unsigned int b = 0; b < supers; ++b) {
-        const unsigned char* blk = wr + (size_t)b * 144;
+        const unsigned char* blk = wr + (size_t)b * BYTES;
         const float d = load_f16(blk);
         const float dmin = load_f16(blk + 2);
         float sc_lo, m_lo, sc_hi, m_hi;
         q4_k_scale_min(2 * chunk, blk + 4, &sc_lo, &m_lo);
         q4_k_scale_min(2 * chunk + 1, blk + 4, &sc_hi, &m_hi);
-        const unsigned char* qs = blk + 16 + chunk * 32;
+        const unsigned char* qs = blk + (FIVE ? 48 : 16) + chunk * 32;
+        const unsigned char* qh = blk + 16;
         const float* xl = xt + b * 256 + chunk * 64;
         float lo = 0.0f, lo_x = 0.0f, hi = 0.0f, hi_x = 0.0f;
         for (unsigned int l = l0; l < l0 + 4; ++l) {
             const float a = xl[l];
             const float c = xl[l + 32];
-            lo += (float)(qs[l] & 0x0f) * a;
+            unsigned int q_lo = qs[l] & 0x0fu;
+            unsigned int q_hi = qs[l] >> 4;
+            if (FIVE) {
+                q_lo |= ((qh[l] >> (2 * chunk)) & 1u) << 4;
+                q_hi |= ((qh[l] >> (2 * chunk + 1)) & 1u) << 4;
+            }
+            lo += (float)q_lo * a;
             lo_x += a;
-            hi += (float)(qs[l] >> 4) * c;
+            hi += (float)q_hi * c;
             hi_x += c;
         }
         acc += d * sc_lo * lo - dmin * m_lo * lo_x + d * sc_hi * hi - dmin * m_hi * hi_x;
+    }
+    store_row(out, rows, row, acc);
+}
+
+extern "C" __global__ void matvec_q4_k(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    matvec_k_scale_min<144, false>(out, w, x, rows, cols);
+}
+
+extern "C" __global__ void matvec_q5_k(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    matvec_k_scale_min<176, true>(out, w, x, rows, cols);
+}
+
+// Q6_K: super-blocks of 256 values, 210 bytes: 128 bytes of low nibbles `ql`, 64 bytes of
+// high bit pairs `qh`, 16 signed 8-bit scales of 16-value sub-blocks, f16 d; value =
+// d·sc·(q − 32). In half h (values 128h..128h + 128) lane l takes values 128h + l + 32k
+// (k 0..4): the low nibble of ql[64h + l] (k 0) or of ql[64h + 32 + l] (k 1), their high
+// nibbles (k 2, 3), above each bits 2k.. of qh[32h + l]; scale sc[8h + l/16 + 2k].
+// cols % 256 == 0.
+extern "C" __global__ void matvec_q6_k(
+    float* out,
+    const unsigned char* w,
+    const float* x,
+    unsigned int rows,
+    unsigned int cols) {
+    const unsigned int row = warp_row();
+    if (row >= rows) {
+        return;
+    }
+    const unsigned int l = threadIdx.x & 31u;
+    const unsigned int supers = cols / 256;
+    const unsigned char* wr = w + (size_t)row * supers * 210;
+    const float* xt = x + (size_t)blockIdx.y * cols;
+    float acc = 0.0f;
+    for (unsigned int b = 0; b < supers; ++b) {
+        const unsigned char* blk = wr + (size_t)b * 210;
+        const float d = load_f16(blk + 208);
+        const signed char* sc = (const signed char*)(blk + 192);
+        const float* xb = xt + b * 256;
+        float sum = 0.0f;
+        for (unsigned int h = 0; h < 2; ++h) {
+            const unsigned char* ql = blk + 64 * h;
+            const unsigned int qh = blk[128 + 32 * h + l];
+            const unsigned int lows[4] = {
+                ql[l] & 0x0fu, ql[32 + l] & 0x0fu, (unsigned int)ql[l] >> 4,
+                (unsigned int)ql[32 + l] >> 4};
+            for (unsigned int k = 0; k < 4; ++k) {
+                const int q = (int)(lows[k] | (((qh >> (2 * k)) & 3u) << 4)) - 32;
+                const float s = (float)sc[8 * h + l / 16 + 2 * k];
+                sum += s * (float)q * xb[128 * h + 32 * k + l];
+            }
+        }
+        acc += d * sum;
     }
     store_row(out, rows, row, acc);
 }

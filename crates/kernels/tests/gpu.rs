@@ -496,7 +496,19 @@ fn quantized_matvecs_match_the_cpu_dot_products() {
         rng.fill(&mut block[4..]);
         fp8::make_finite(block, rng.random_range(0.001..0.01));
     }
-    for (dtype, w) in [(DType::Q8_0, &q8), (DType::Q4K, &q4k), (DType::F8E4M3, &f8)] {
+    // Q5_0, Q5_K and Q6_K: random blocks under moderate scales.
+    let q5_0 = common::random_rows(&mut rng, DType::Q5_0, rows, cols);
+    let q5k = common::random_rows(&mut rng, DType::Q5K, rows, cols);
+    let q6k = common::random_rows(&mut rng, DType::Q6K, rows, cols);
+    let cases = [
+        (DType::Q8_0, &q8),
+        (DType::Q4K, &q4k),
+        (DType::F8E4M3, &f8),
+        (DType::Q5_0, &q5_0),
+        (DType::Q5K, &q5k),
+        (DType::Q6K, &q6k),
+    ];
+    for (dtype, w) in cases {
         let (w_dev, x_dev) = (ops.upload(w).unwrap(), ops.upload(&x).unwrap());
         let mut out = ops.alloc::<f32>(rows * tokens).unwrap();
         ops.matvec_quantized(&mut out, &w_dev, dtype, &x_dev, rows, cols)

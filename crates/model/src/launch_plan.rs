@@ -30,7 +30,10 @@ use tessera_kernels::DType;
 /// Whether a cuda shard keeps weights of `dtype` as stored (a matvec kernel reads them,
 /// with f32 rows); it holds every other matrix in bf16.
 pub fn device_keeps_quantized(dtype: DType) -> bool {
-    matches!(dtype, DType::Q8_0 | DType::Q4K | DType::F8E4M3)
+    matches!(
+        dtype,
+        DType::Q8_0 | DType::Q5_0 | DType::Q4K | DType::Q5K | DType::Q6K | DType::F8E4M3
+    )
 }
 
 /// Which launch sequence a layer runs.
@@ -89,7 +92,7 @@ fn switch_value<T: Copy + Default>(
 /// the CUDA model checks it equals): a batch of more is a GEMM.
 pub const GEMV_MAX_TOKENS: usize = 8;
 
-/// Which kernel runs a bf16 projection (a Q8_0 or Q4_K one runs its dequantizing matvec
+/// Which kernel runs a bf16 projection (a quantized one the device keeps runs its dequantizing matvec
 /// either way): cuBLAS's GEMM, or for a batch of at most [`GEMV_MAX_TOKENS`] tokens the
 /// GEMV of `gemv.cu`, which reads each weight byte once for the whole batch. Chosen by
 /// `TESSERA_GEMV`.

@@ -226,7 +226,8 @@ pub enum TopologyError {
     NcclOnCpu { group: String },
     #[error(
         "group {group}: model `{model}` has dtype = \"{dtype}\", which cuda shards cannot hold \
-         (on a GPU weights are bf16, with Q8_0, Q4_K and FP8 kept quantized, or f32)"
+         (on a GPU weights are bf16, with the quantized types the device reads kept quantized, or \
+         f32)"
     )]
     DtypeOnCuda {
         group: String,

@@ -88,7 +88,14 @@ pub const FAMILIES: &[KernelFamily] = &[
     ),
     family!(
         "dequant_matmul.cu",
-        ["matvec_q8_0", "matvec_q4_k", "matvec_f8_e4m3"]
+        [
+            "matvec_q8_0",
+            "matvec_q5_0",
+            "matvec_q4_k",
+            "matvec_q5_k",
+            "matvec_q6_k",
+            "matvec_f8_e4m3",
+        ]
     ),
     family!("gemv.cu", &super::ops::gemv::GEMV_ENTRIES),
     family!("sampling.cu", ["sample_rows"]),

@@ -1,7 +1,7 @@
 //! The dequantizing matvecs of decode (`dequant_matmul.cu`) under the CPU emulation,
 //! against the dequantized rows' dot products in f32, within the GPU test's 1e-4
-//! (`gpu.rs`, `quantized_matvecs_match_the_cpu_dot_products`). The FP8 one has not run on
-//! a GPU.
+//! (`gpu.rs`, `quantized_matvecs_match_the_cpu_dot_products`). The FP8, Q5_0, Q5_K and
+//! Q6_K ones have not run on a GPU.
 
 use rand::SeedableRng as _;
 use rand::rngs::StdRng;
@@ -11,8 +11,8 @@ use tessera_kernels::quant::dequantize_row;
 use super::common::random_rows;
 use super::{compiled, drive, f32s, within};
 
-/// Q8_0, Q4_K and FP8 rows (random blocks under moderate scales), 37 rows (a block's last
-/// warps idle) of 512 and 2,048 columns, 1 and 3 tokens.
+/// Q8_0, Q4_K, FP8, Q5_0, Q5_K and Q6_K rows (random blocks under moderate scales), 37
+/// rows (a block's last warps idle) of 512 and 2,048 columns, 1 and 3 tokens.
 #[test]
 fn the_quantized_matvecs_emulated_are_the_dequantized_dots() {
     let dir = tempfile::tempdir().unwrap();
@@ -20,10 +20,15 @@ fn the_quantized_matvecs_emulated_are_the_dequantized_dots() {
         return;
     };
     let mut rng = StdRng::seed_from_u64(61);
-    for (kernel, dtype) in [DType::Q8_0, DType::Q4K, DType::F8E4M3]
-        .into_iter()
-        .enumerate()
-    {
+    let types = [
+        DType::Q8_0,
+        DType::Q4K,
+        DType::F8E4M3,
+        DType::Q5_0,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+    for (kernel, dtype) in types.into_iter().enumerate() {
         for (rows, cols, tokens) in [(37, 512, 3), (37, 2048, 1)] {
             let w = random_rows(&mut rng, dtype, rows, cols);
             let x = super::bf16_values(&mut rng, cols * tokens, 1.0);

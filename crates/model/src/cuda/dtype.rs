@@ -19,7 +19,7 @@ use crate::llama::Llama;
 /// The type of a cuda shard's matrices and KV cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeviceDtype {
-    /// bf16 matrices (Q8_0, Q4_K and FP8 ones kept quantized) and a bf16 KV cache.
+    /// bf16 matrices (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K and FP8 ones kept quantized) and a bf16 KV cache.
     #[default]
     Bf16,
     /// f32 matrices, GEMMs and KV cache (`dtype = "f32"`).

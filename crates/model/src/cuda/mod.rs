@@ -9,7 +9,7 @@
 //! `TESSERA_FUSED=1` the fused one (q|k|v stacked, norms and SiLU·mul writing bf16, RoPE,
 //! bias and KV write in one kernel or inside the decode attention). Projections are bf16
 //! GEMMs on cuBLAS (f32 sums; with `TESSERA_GEMV=1`, batches of at most 8 tokens run the
-//! bf16 GEMV kernel) or dequantizing matvecs for Q8_0, Q4_K and FP8 weights. Activations
+//! bf16 GEMV kernel) or dequantizing matvecs for Q8_0, Q5_0, Q4_K, Q5_K, Q6_K and FP8 weights. Activations
 //! and the residual stream are f32; the KV cache is bf16. A model held in f32 by the
 //! topology (`dtype = "f32"`) runs the exact path instead ([`DeviceDtype`]): f32 weights,
 //! GEMMs and KV cache.

@@ -1,4 +1,4 @@
-//! A rank's weights on the device. Q8_0, Q4_K and FP8 projections stay quantized and run
+//! A rank's weights on the device. Q8_0, Q5_0, Q4_K, Q5_K, Q6_K and FP8 projections stay quantized and run
 //! through the dequantizing matvec kernels; every other type is converted to bf16 once,
 //! at upload, and runs through cuBLAS (the quantized ones among them are named in one log
 //! line, see [`dequantized_at_upload`]). On the exact path ([`DeviceDtype::F32`]) every
@@ -233,11 +233,11 @@ mod tests {
     #[test]
     fn types_without_a_device_kernel_are_named_once_each() {
         let ws = [
-            DType::Q5_0,
+            DType::Q5_1,
             DType::Q8_0,
             DType::F32,
             DType::IQ4XS,
-            DType::Q5_0,
+            DType::Q5_1,
             DType::Q4K,
             DType::BF16,
             DType::Q2K,
@@ -245,9 +245,18 @@ mod tests {
         .map(zeros);
         assert_eq!(
             dequantized_at_upload(&ws),
-            [DType::Q5_0, DType::IQ4XS, DType::Q2K]
+            [DType::Q5_1, DType::IQ4XS, DType::Q2K]
         );
-        let kept = [DType::Q8_0, DType::Q4K, DType::F8E4M3, DType::F16].map(zeros);
+        let kept = [
+            DType::Q8_0,
+            DType::Q5_0,
+            DType::Q4K,
+            DType::Q5K,
+            DType::Q6K,
+            DType::F8E4M3,
+            DType::F16,
+        ]
+        .map(zeros);
         assert!(dequantized_at_upload(&kept).is_empty());
     }
 }

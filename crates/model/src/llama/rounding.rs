@@ -1,6 +1,6 @@
 //! The CPU pass rounded as the cuda path rounds: the reference a GPU run is compared with.
 //!
-//! A cuda shard holds every matrix in bf16 (but Q8_0, Q4_K and FP8, which its matvecs read
+//! A cuda shard holds every matrix in bf16 (but Q8_0, Q5_0, Q4_K, Q5_K, Q6_K and FP8, which its matvecs read
 //! as stored: [`device_keeps_quantized`]), keeps norms, biases and the residual stream in
 //! f32, and rounds to bf16 what its bf16 GEMMs read (the normed hidden rows, the attention
 //! output, SiLU·mul's output, the final norm) and what it writes into its KV cache. The

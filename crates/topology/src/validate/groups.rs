@@ -383,7 +383,7 @@ impl Validator<'_> {
         }
     }
 
-    /// Cuda shards hold weights in bf16 (Q8_0, Q4_K and FP8 kept quantized) or, on the
+    /// Cuda shards hold weights in bf16 (the quantized types their matvecs read kept so) or, on the
     /// exact path, f32: a model whose `dtype` asks for f16 cannot run there.
     fn dtype_on_device(
         &mut self,

@@ -41,7 +41,7 @@ const SAMPLE_THREADS: u32 = 1024;
 /// `crates/kernels/tests/nvrtc.rs` checks with ptxas), `None` for an unknown entry.
 pub fn block_threads(entry: &str) -> Option<u32> {
     match entry {
-        "matvec_q8_0" | "matvec_q4_k" | "matvec_f8_e4m3" => Some(32 * MATVEC_WARPS),
+        _ if entry.starts_with("matvec_") => Some(32 * MATVEC_WARPS),
         "paged_attention_partition"
         | "paged_attention_partition_f32"
         | "paged_attention_reduce" => Some(ATTENTION_THREADS),
@@ -377,7 +377,10 @@ impl<'a> Ops<'a> {
     ) -> Result<(), CudaError> {
         let (entry, block_elems, block_bytes) = match dtype {
             crate::DType::Q8_0 => ("matvec_q8_0", 32, 34),
+            crate::DType::Q5_0 => ("matvec_q5_0", 32, 22),
             crate::DType::Q4K => ("matvec_q4_k", 256, 144),
+            crate::DType::Q5K => ("matvec_q5_k", 256, 176),
+            crate::DType::Q6K => ("matvec_q6_k", 256, 210),
             crate::DType::F8E4M3 => ("matvec_f8_e4m3", 32, 36),
             _ => {
                 return Err(CudaError::Unsupported {
