@@ -3,6 +3,12 @@
 // grid (ceil(rows / warps per block), tokens). Twins: `matmul` with the `quant` dot
 // products.
 
+// Every entry's parameters: out (f32, tokens × rows), the rows' blocks, x (f32, tokens ×
+// cols), and the shape; and the arguments that pass them on.
+#define MATVEC_PARAMS                                                                       \
+    float *out, const unsigned char *w, const float *x, unsigned int rows, unsigned int cols
+#define MATVEC_ARGS out, w, x, rows, cols
+
 __device__ __forceinline__ float load_f16(const unsigned char* p) {
     return f16_to_f32((f16_t)(p[0] | (p[1] << 8)));
 }
@@ -54,12 +60,7 @@ __device__ __forceinline__ void matvec_blocks32(
 }
 
 // Q8_0: blocks of 32 values, 34 bytes: f16 scale d, then 32 signed quants. cols % 32 == 0.
-extern "C" __global__ void matvec_q8_0(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
+extern "C" __global__ void matvec_q8_0(MATVEC_PARAMS) {
     matvec_blocks32<34>(
         out, w, x, rows, cols,
         [](const unsigned char* blk) { return load_f16(blk); },
@@ -69,12 +70,7 @@ extern "C" __global__ void matvec_q8_0(
 // Q5_0: blocks of 32 values, 22 bytes: f16 scale d, 32 fifth bits (a little-endian word,
 // bit i for value i), then 16 bytes of nibbles (value i in the low nibble of byte i, value
 // i + 16 in the high one); value = d · (q − 16). cols % 32 == 0.
-extern "C" __global__ void matvec_q5_0(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
+extern "C" __global__ void matvec_q5_0(MATVEC_PARAMS) {
     matvec_blocks32<22>(
         out, w, x, rows, cols,
         [](const unsigned char* blk) { return load_f16(blk); },
@@ -101,12 +97,7 @@ __device__ __forceinline__ float e4m3_scaled(unsigned int q) {
 // tensor or row scale), then 32 e4m3fn codes. value = s · e4m3(q). cols % 32 == 0. Blocks
 // are 36 bytes from the allocation's start, so each scale is 4-byte aligned; it carries
 // the 2^8 that `e4m3_scaled` takes off.
-extern "C" __global__ void matvec_f8_e4m3(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
+extern "C" __global__ void matvec_f8_e4m3(MATVEC_PARAMS) {
     matvec_blocks32<36>(
         out, w, x, rows, cols,
         [](const unsigned char* blk) { return *(const float*)blk * 256.0f; },
@@ -179,22 +170,12 @@ __device__ __forceinline__ void matvec_k_scale_min(
     store_row(out, rows, row, acc);
 }
 
-extern "C" __global__ void matvec_q4_k(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
-    matvec_k_scale_min<144, false>(out, w, x, rows, cols);
+extern "C" __global__ void matvec_q4_k(MATVEC_PARAMS) {
+    matvec_k_scale_min<144, false>(MATVEC_ARGS);
 }
 
-extern "C" __global__ void matvec_q5_k(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
-    matvec_k_scale_min<176, true>(out, w, x, rows, cols);
+extern "C" __global__ void matvec_q5_k(MATVEC_PARAMS) {
+    matvec_k_scale_min<176, true>(MATVEC_ARGS);
 }
 
 // Q6_K: super-blocks of 256 values, 210 bytes: 128 bytes of low nibbles `ql`, 64 bytes of
@@ -203,12 +184,7 @@ extern "C" __global__ void matvec_q5_k(
 // (k 0..4): the low nibble of ql[64h + l] (k 0) or of ql[64h + 32 + l] (k 1), their high
 // nibbles (k 2, 3), above each bits 2k.. of qh[32h + l]; scale sc[8h + l/16 + 2k].
 // cols % 256 == 0.
-extern "C" __global__ void matvec_q6_k(
-    float* out,
-    const unsigned char* w,
-    const float* x,
-    unsigned int rows,
-    unsigned int cols) {
+extern "C" __global__ void matvec_q6_k(MATVEC_PARAMS) {
     const unsigned int row = warp_row();
     if (row >= rows) {
         return;
