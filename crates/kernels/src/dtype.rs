@@ -76,6 +76,22 @@ impl DType {
         DType::IQ4XS,
     ];
 
+    /// The CUDA kernel (`cuda/dequant_matmul.cu`) that multiplies rows of this type as they
+    /// are stored, reading f32 activations; `None` for a type a cuda shard converts to bf16
+    /// (or to f32 on its exact path) at upload. The one list of the types a GPU keeps
+    /// quantized.
+    pub const fn cuda_matvec(self) -> Option<&'static str> {
+        match self {
+            DType::Q8_0 => Some("matvec_q8_0"),
+            DType::Q5_0 => Some("matvec_q5_0"),
+            DType::Q4K => Some("matvec_q4_k"),
+            DType::Q5K => Some("matvec_q5_k"),
+            DType::Q6K => Some("matvec_q6_k"),
+            DType::F8E4M3 => Some("matvec_f8_e4m3"),
+            _ => None,
+        }
+    }
+
     /// Number of values in one block.
     pub const fn block_elems(self) -> usize {
         match self {

@@ -143,4 +143,19 @@ mod tests {
         listed.sort();
         assert_eq!(files, listed);
     }
+
+    /// `DType::cuda_matvec` (the types a cuda shard keeps quantized) names exactly the
+    /// entries of `dequant_matmul.cu`.
+    #[test]
+    fn every_matvec_entry_is_a_types_and_every_types_is_defined() {
+        let family = family_of("matvec_q8_0").expect("dequant_matmul.cu");
+        let mut named: Vec<&str> = crate::DType::ALL
+            .iter()
+            .filter_map(|d| d.cuda_matvec())
+            .collect();
+        named.sort();
+        let mut entries = family.entries.to_vec();
+        entries.sort();
+        assert_eq!(named, entries);
+    }
 }

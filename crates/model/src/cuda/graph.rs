@@ -278,7 +278,10 @@ impl CudaLlama {
             kv,
             &mut SliceComm::Host(&mut Solo::default()),
         )?;
-        ops.round_bf16(&mut s.h16, &s.h)?;
+        // An f32 head (the exact path) reads the f32 rows.
+        if !self.head().is_f32() {
+            ops.round_bf16(&mut s.h16, &s.h)?;
+        }
         let h = Input {
             f32: &s.h,
             bf16: &s.h16,

@@ -116,7 +116,10 @@ impl CudaLlama {
         (tokens, decode): (usize, bool),
         tp: bool,
     ) -> LayerShape {
-        // Every layer has the same projections; a model without layers launches none.
+        // Every layer has the same projections and biases (a model without layers launches
+        // none), but not the same types: a GGUF preset keeps some layers' projections in a
+        // type the device reads quantized and others not, so the f32 rows a matvec reads
+        // are written if any layer's does.
         let first = self.layers.first();
         let has_bias = |p: Proj| {
             first
@@ -139,8 +142,8 @@ impl CudaLlama {
                 gate_up: has_bias(Proj::GateUp),
                 down: has_bias(Proj::Down),
             },
-            f32_hidden: first.is_some_and(|f| f.reads_hidden().into_iter().any(quantized)),
-            f32_activation: first.is_some_and(|f| quantized(&f.down)),
+            f32_hidden: (self.layers.iter()).any(|l| l.reads_hidden().into_iter().any(quantized)),
+            f32_activation: self.layers.iter().any(|l| quantized(&l.down)),
             grouped_attention: grouped,
             attention_split: !grouped || index.partitions() > 1,
             tensor_parallel: tp,

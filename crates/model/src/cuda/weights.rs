@@ -44,7 +44,7 @@ fn stacked<T: Held + Send>(parts: &[&Linear], convert: fn(f32) -> T) -> Result<V
 }
 
 /// The quantized types among `weights` that no device kernel reads, so that they are
-/// dequantized to bf16 at upload (Q5_0, Q2_K, IQ4_XS, ...), each once, in the order met.
+/// dequantized to bf16 at upload (Q5_1, Q2_K, IQ4_XS, ...), each once, in the order met.
 pub(crate) fn dequantized_at_upload<'w>(
     weights: impl IntoIterator<Item = &'w Weight>,
 ) -> Vec<DType> {

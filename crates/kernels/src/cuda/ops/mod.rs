@@ -364,8 +364,8 @@ impl<'a> Ops<'a> {
         self.run("add_bias_f32", &mut a, config)
     }
 
-    /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for block-quantized `w` (`rows` rows of `cols`):
-    /// `DType::Q8_0`, `DType::Q4K` or `DType::F8E4M3`.
+    /// `out[t, r] = Σ_c W[r, c] · x[t, c]` for block-quantized `w` (`rows` rows of `cols`)
+    /// of a type with a kernel (`DType::cuda_matvec`).
     pub fn matvec_quantized(
         &self,
         out: &mut impl DevicePtrMut<f32>,
@@ -375,19 +375,12 @@ impl<'a> Ops<'a> {
         rows_n: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
-        let (entry, block_elems, block_bytes) = match dtype {
-            crate::DType::Q8_0 => ("matvec_q8_0", 32, 34),
-            crate::DType::Q5_0 => ("matvec_q5_0", 32, 22),
-            crate::DType::Q4K => ("matvec_q4_k", 256, 144),
-            crate::DType::Q5K => ("matvec_q5_k", 256, 176),
-            crate::DType::Q6K => ("matvec_q6_k", 256, 210),
-            crate::DType::F8E4M3 => ("matvec_f8_e4m3", 32, 36),
-            _ => {
-                return Err(CudaError::Unsupported {
-                    what: format!("a dequantizing matvec for {dtype}"),
-                });
-            }
+        let Some(entry) = dtype.cuda_matvec() else {
+            return Err(CudaError::Unsupported {
+                what: format!("a dequantizing matvec for {dtype}"),
+            });
         };
+        let (block_elems, block_bytes) = (dtype.block_elems(), dtype.block_bytes());
         if cols == 0 || !cols.is_multiple_of(block_elems) || !x.len().is_multiple_of(cols) {
             return Err(CudaError::Shape {
                 what: "matvec cols (whole blocks) and x (whole rows)",
