@@ -10,8 +10,9 @@
 //! the bf16 GEMV and the fused layer's norm and activation against their twins
 //! (`emulated/gemv.rs`, `emulated/fused.rs`), as on the GPU (`gpu.rs`), and the legacy
 //! attention over a bf16 cache and the exact path's f32 one (`emulated/legacy.rs`),
-//! `rope_kv_write` (`emulated/append.rs`) and the dequantizing matvecs, FP8's among them
-//! (`emulated/matvec.rs`). Without a C++ compiler
+//! `rope_kv_write` (`emulated/append.rs`), the dequantizing matvecs, FP8's among them
+//! (`emulated/matvec.rs`), and the embedding gather and KV write of both table types
+//! (`emulated/tables.rs`). Without a C++ compiler
 //! (`CXX`, else `g++`) the tests say so and pass, unless `TESSERA_REQUIRE_NVRTC=1` (CI),
 //! which requires every check of the CUDA kernels that runs without a GPU.
 //!
@@ -32,6 +33,8 @@ mod gemv;
 mod legacy;
 #[path = "emulated/matvec.rs"]
 mod matvec;
+#[path = "emulated/tables.rs"]
+mod tables;
 
 use half::bf16;
 use rand::rngs::StdRng;
