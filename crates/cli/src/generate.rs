@@ -55,7 +55,7 @@ pub struct GenerateArgs {
     #[arg(long, env = "TESSERA_THREADS")]
     pub threads: Option<usize>,
     /// `exact` (f32 activations, token for token with transformers) or `fast` (8-bit
-    /// activations and integer dot products on Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights, as llama.cpp).
+    /// activations and integer dot products on Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights, as llama.cpp).
     #[arg(long, env = "TESSERA_PRECISION", default_value = "exact")]
     pub precision: tessera_topology::Precision,
     /// Do not stop at the end-of-sequence token.

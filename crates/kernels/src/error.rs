@@ -19,7 +19,7 @@ pub enum KernelError {
     },
     #[error(
         "{dtype} weights of {cols} columns in {precision:?} have no 8-bit-activation kernel \
-         (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS in whole \
+         (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS in whole \
          32-value blocks, in `fast`)"
     )]
     NoIntegerKernel {

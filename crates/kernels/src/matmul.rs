@@ -23,7 +23,8 @@ pub enum Precision {
     #[default]
     Exact,
     /// 8-bit activations per 32-value block and integer dot products, for Q8_0, Q4_0,
-    /// Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights; exact for the others.
+    /// Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights (every
+    /// quantized type); exact for the float types.
     Fast,
 }
 

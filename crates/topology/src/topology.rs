@@ -160,7 +160,8 @@ pub enum Precision {
     #[default]
     Exact,
     /// Activations quantized per 32-value block to 8 bits, integer dot products (Q8_0,
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights; other types stay exact). Ignored on cuda shards.
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights; the
+    /// float types stay exact). Ignored on cuda shards.
     Fast,
 }
 

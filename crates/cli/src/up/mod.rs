@@ -59,7 +59,7 @@ pub struct UpArgs {
     pub coordinators: usize,
     /// How the CPU shards of the written topology (demo or --model) multiply: `exact`
     /// (f32 activations, token for token with transformers) or `fast` (8-bit
-    /// activations, integer dot products: faster on Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights).
+    /// activations, integer dot products: faster on Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights).
     #[arg(
         long,
         env = "TESSERA_PRECISION",

@@ -1,11 +1,12 @@
 //! The `fast` precision's row dots, as llama.cpp computes them: each activation vector is
 //! quantized per 32-value block to 8 bits ([`Q8Acts`]), and each weight block is dotted
-//! with it in integers. For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL
-//! and IQ4_XS weights (Q4_K's and Q5_K's 32-value sub-blocks are the activation blocks,
-//! each with its own scale and min, IQ4_XS's each with its scale; the 16-value sub-blocks
-//! of Q6_K and Q3_K enter the integer sum with their scales, and their `d` is the block's
-//! factor; IQ4's levels are 8-bit integers); other types (Q2_K, whose 16-value sub-blocks
-//! each have their own min) keep the exact f32 kernels in `fast` mode.
+//! with it in integers. For every quantized type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (Q4_K's and Q5_K's 32-value sub-blocks are the
+//! activation blocks, each with its own scale and min, IQ4_XS's each with its scale; the
+//! 16-value sub-blocks of Q6_K, Q3_K and Q2_K enter the integer sum with their scales, and
+//! their `d` is the block's factor; Q2_K's mins multiply the vector's sums of each 16
+//! values, [`Q8Row::hsum`], in an integer sum of their own under `dmin`; IQ4's levels are
+//! 8-bit integers). The float types keep the exact f32 kernels in `fast` mode.
 //!
 //! **The arithmetic, shared by every path to the bit.** Each 32-value block `b` gives its
 //! whole integer sum `Σ w·x` (exact: below 2^24 in magnitude); it is multiplied by the
@@ -142,6 +143,7 @@ pub fn supports(dtype: DType) -> bool {
             | DType::Q4_1
             | DType::Q5_0
             | DType::Q5_1
+            | DType::Q2K
             | DType::Q3K
             | DType::Q4K
             | DType::Q5K
@@ -163,6 +165,8 @@ pub struct Q8Acts {
     d: Vec<f32>,
     /// Per block: `d·Σq` (the Q4_1 min terms' factor).
     dsum: Vec<f32>,
+    /// Per 16 values: `Σq` (Q2_K's min terms, per half block).
+    hsum: Vec<i32>,
 }
 
 /// One quantized vector, as the kernels read it.
@@ -174,6 +178,8 @@ pub struct Q8Row<'a> {
     pub octets: &'a [i8],
     pub d: &'a [f32],
     pub dsum: &'a [f32],
+    /// Per 16 values (two a block): `Σq`.
+    pub hsum: &'a [i32],
 }
 
 impl Q8Acts {
@@ -199,6 +205,7 @@ impl Q8Acts {
                 .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
         }
         self.interleave();
+        self.half_sums();
         Ok(())
     }
 
@@ -236,6 +243,7 @@ impl Q8Acts {
                 .for_each(make);
         }
         self.interleave();
+        self.half_sums();
         Ok(())
     }
 
@@ -252,8 +260,15 @@ impl Q8Acts {
         self.qs.resize(len, 0);
         self.d.resize(len / BLOCK, 0.0);
         self.dsum.resize(len / BLOCK, 0.0);
+        self.hsum.resize(len / (BLOCK / 2), 0);
         self.octets.resize(len / cols * (cols / OCTET * OCTET), 0);
         Ok(())
+    }
+
+    /// Each 16 values' sum ([`Q8Row::hsum`]).
+    fn half_sums(&mut self) {
+        let halves = self.qs.chunks_exact(BLOCK / 2).zip(&mut self.hsum);
+        halves.for_each(|(q, h)| *h = q.iter().map(|&q| i32::from(q)).sum());
     }
 
     /// Each vector's whole octets from its blocks ([`Q8Row::octets`]).
@@ -297,6 +312,7 @@ impl Q8Acts {
             octets: &self.octets[t * octets..][..octets],
             d: &self.d[t * blocks..][..blocks],
             dsum: &self.dsum[t * blocks..][..blocks],
+            hsum: &self.hsum[t * 2 * blocks..][..2 * blocks],
         }
     }
 }
@@ -320,8 +336,8 @@ impl Q8Acts {
         let n = self.len();
         if !supports(dtype) || row_bytes == 0 || !rows.len().is_multiple_of(row_bytes) {
             return Err(KernelError::ByteLength {
-                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, \
-                       Q5_K, Q6_K, IQ4_NL or IQ4_XS; whole rows)",
+                what: "8-bit-activation weight rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, \
+                       Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS; whole rows)",
                 expected: row_bytes,
                 actual: rows.len(),
             });
@@ -407,6 +423,7 @@ impl Kernels {
                 (DType::Q4_1, true, _) => pick!(dot_q4_1_vnni),
                 (DType::Q5_0, true, _) => pick!(dot_q5_0_vnni),
                 (DType::Q5_1, true, _) => pick!(dot_q5_1_vnni),
+                (DType::Q2K, true, _) => pick!(dot_q2_k_vnni),
                 (DType::Q3K, true, _) => pick!(dot_q3_k_vnni),
                 (DType::Q4K, true, _) => pick!(dot_q4_k_vnni),
                 (DType::Q5K, true, _) => pick!(dot_q5_k_vnni),
@@ -418,6 +435,7 @@ impl Kernels {
                 (DType::Q4_1, _, true) => pick!(dot_q4_1),
                 (DType::Q5_0, _, true) => pick!(dot_q5_0),
                 (DType::Q5_1, _, true) => pick!(dot_q5_1),
+                (DType::Q2K, _, true) => pick!(dot_q2_k),
                 (DType::Q3K, _, true) => pick!(dot_q3_k),
                 (DType::Q4K, _, true) => pick!(dot_q4_k),
                 (DType::Q5K, _, true) => pick!(dot_q5_k),

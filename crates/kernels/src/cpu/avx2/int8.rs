@@ -28,6 +28,9 @@ struct Sub {
     /// (the first half's in the low 128 bits), by which its pair sums are multiplied in the
     /// integer sum; none for the other types.
     halves: Option<__m256i>,
+    /// Q2_K's: the 4-bit mins of the two halves, by which the vector's sums of their values
+    /// ([`Q8Row::hsum`]) are multiplied ([`Mins::Halves`]); none for the other types.
+    min_halves: Option<[i32; 2]>,
 }
 
 /// Eight 32-value sub-blocks of a weight row, interleaved as the vectors' octets are
@@ -46,6 +49,10 @@ enum Mins {
     Add,
     /// Q4_K: value `(d·sc)·q − dmin·m`.
     Subtract,
+    /// Q2_K: value `(d·sc)·q − dmin·m` with `sc` and `m` per 16-value half: a block's
+    /// `Σ_h m_h·Σ_{i∈h} q_x` is an exact integer sum of its own ([`Sub::min_halves`]),
+    /// scaled by `dmin·d_x` into the min chains and taken away. Not with octets.
+    Halves,
 }
 
 /// Panics unless every vector holds `blocks` scales, `32 · blocks` values and their whole
@@ -245,15 +252,21 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                     scale: 0.0,
                     min: 0.0,
                     halves: None,
+                    min_halves: None,
                 };
                 let s0 = sub(b);
                 let s1 = if n > 1 { sub(b + 1) } else { none };
                 let s2 = if n > 2 { sub(b + 2) } else { none };
                 let s3 = if n > 3 { sub(b + 3) } else { none };
                 let (u0, u1, u2, u3) = (unsigned!(s0), unsigned!(s1), unsigned!(s2), unsigned!(s3));
-                let (scales, block_mins): (__m128, __m128) =
+                let (scales, min_scales): (__m128, __m128) =
                     ($scales(s0, s1, s2, s3), $mins(s0, s1, s2, s3));
-                let block_mins = S::widen(block_mins);
+                let block_mins = S::widen(min_scales);
+                // Q2_K's mins of the quad's 8 halves (zeros for the other types and past the
+                // row's last block).
+                let m8 = |s: Sub| s.min_halves.unwrap_or([0, 0]);
+                let [a, c, e, g] = [m8(s0), m8(s1), m8(s2), m8(s3)];
+                let mins8 = _mm256_setr_epi32(a[0], a[1], c[0], c[1], e[0], e[1], g[0], g[1]);
                 for t in 0..T {
                     let x = &xs[t];
                     let zero = _mm256_setzero_si256();
@@ -291,7 +304,40 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
                         factors = S::keep_from(factors, skip);
                     }
                     acc[t] = S::fma(factors, S::from_ints(sums), acc[t]);
-                    if mins != Mins::None {
+                    if mins == Mins::Halves {
+                        // Each block's Σ_h m_h·Σ q_x over its halves: the vector's 8 half
+                        // sums times the blocks' 8 mins, added in pairs.
+                        let sums8 = if n == 4 {
+                            _mm256_loadu_si256(x.hsum.as_ptr().add(2 * b).cast())
+                        } else {
+                            let at = |k: usize| {
+                                if k < 2 * n {
+                                    *x.hsum.get_unchecked(2 * b + k)
+                                } else {
+                                    0
+                                }
+                            };
+                            _mm256_setr_epi32(
+                                at(0),
+                                at(1),
+                                at(2),
+                                at(3),
+                                at(4),
+                                at(5),
+                                at(6),
+                                at(7),
+                            )
+                        };
+                        let pairs = _mm256_hadd_epi32(_mm256_mullo_epi32(mins8, sums8), zero);
+                        // [p0 p1 0 0 | p2 p3 0 0] → [p0 p1 p2 p3].
+                        let min_sums =
+                            _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(pairs));
+                        let mut min_factors = S::product(min_scales, four(x.d));
+                        if skip > 0 {
+                            min_factors = S::keep_from(min_factors, skip);
+                        }
+                        min_acc[t] = S::fma(min_factors, S::from_ints(min_sums), min_acc[t]);
+                    } else if mins != Mins::None {
                         let (mut m, mut dsum) = (block_mins, S::widen(four(x.dsum)));
                         if skip > 0 {
                             (m, dsum) = (S::keep_from(m, skip), S::keep_from(dsum, skip));
@@ -377,7 +423,7 @@ unsafe fn dot_blocks<const T: usize, S: Chains>(
             out[t] = S::to_f64(match mins {
                 Mins::None => total,
                 Mins::Add => total + m,
-                Mins::Subtract => total - m,
+                Mins::Subtract | Mins::Halves => total - m,
             });
         }
         out

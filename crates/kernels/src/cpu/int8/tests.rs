@@ -4,14 +4,15 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::quant;
 use crate::quant::k_quants::{Q6_K_D_OFFSET, Q6_K_SCALES_OFFSET, QK_K};
-use crate::quant::k_quants_small::Q3_K_D_OFFSET;
+use crate::quant::k_quants_small::{Q2_K_D_OFFSET, Q3_K_D_OFFSET};
 
-const TYPES: [DType; 11] = [
+const TYPES: [DType; 12] = [
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
     DType::Q5_1,
+    DType::Q2K,
     DType::Q3K,
     DType::Q4K,
     DType::Q5K,
@@ -27,15 +28,18 @@ fn random_rows(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize) -> Vec<
     let blocks = rows * cols / dtype.block_elems();
     let mut data: Vec<u8> = (0..blocks * bytes).map(|_| rng.random()).collect();
     for block in data.chunks_exact_mut(bytes) {
-        // Q6_K's and Q3_K's f16 `d` comes last.
+        // Q6_K's and Q3_K's f16 `d` comes last, Q2_K's `d` and `dmin` too.
         let last = match dtype {
             DType::Q6K => Some(Q6_K_D_OFFSET),
             DType::Q3K => Some(Q3_K_D_OFFSET),
+            DType::Q2K => Some(Q2_K_D_OFFSET),
             _ => None,
         };
         if let Some(at) = last {
-            let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05)).to_bits();
-            block[at..].copy_from_slice(&value.to_le_bytes());
+            for field in block[at..].chunks_exact_mut(2) {
+                let value = half::f16::from_f32(rng.random_range(-0.05f32..0.05)).to_bits();
+                field.copy_from_slice(&value.to_le_bytes());
+            }
             continue;
         }
         let scales = if matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K) {
@@ -211,7 +215,7 @@ fn bad_lengths_and_types_are_errors() {
         "past the vectors"
     );
     assert!(
-        acts.dot_rows(DType::Q2K, &row, 0, 2, &mut out).is_err(),
+        acts.dot_rows(DType::F16, &row, 0, 2, &mut out).is_err(),
         "no 8-bit kernel"
     );
     assert!(dot_reference(DType::F32, &row, acts.row(0)).is_err());

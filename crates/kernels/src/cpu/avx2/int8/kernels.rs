@@ -14,14 +14,15 @@ use crate::quant::k_quants::{
     Q5_K_QS_OFFSET, Q6_K_D_OFFSET, Q6_K_QH_OFFSET, Q6_K_SCALES_OFFSET, q4_k_scale_min,
 };
 use crate::quant::k_quants_small::{
-    BLOCK_Q3_K_BYTES, Q3_K_D_OFFSET, Q3_K_QS_OFFSET, Q3_K_SCALES_OFFSET, q3_k_scale_pair,
+    BLOCK_Q2_K_BYTES, BLOCK_Q3_K_BYTES, Q2_K_D_OFFSET, Q2_K_QS_OFFSET, Q3_K_D_OFFSET,
+    Q3_K_QS_OFFSET, Q3_K_SCALES_OFFSET, q3_k_scale_pair,
 };
 
 int8_kernels!(
     /// Q8_0 row (f16 d, 32 × i8 per block) with 8-bit activations.
     dot_q8_0, dot_q8_0_vnni, Mins::None, |w| w.len() / 34, |b| {
         let block = w.as_ptr().add(b * 34);
-        Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0, halves: None }
+        Sub { values: load32(block.add(2)), signed: true, scale: f16_at(block), min: 0.0, halves: None, min_halves: None }
     },
     |q| (f16x4(w.as_ptr().add(q * 34), 34), _mm_setzero_ps()),
     // Octets for groups only: with one vector, the transpose of 8 × 32 bytes per octet
@@ -38,7 +39,7 @@ int8_kernels!(
     dot_q4_0, dot_q4_0_vnni, Mins::None, |w| w.len() / 18, |b| {
         let block = w.as_ptr().add(b * 18);
         let values = _mm256_sub_epi8(nibbles(block.add(2)), _mm256_set1_epi8(8));
-        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None }
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None, min_halves: None }
     },
     |q| (f16x4(w.as_ptr().add(q * 18), 18), _mm_setzero_ps()),
     Some(
@@ -58,7 +59,7 @@ int8_kernels!(
     dot_q4_1, dot_q4_1_vnni, Mins::Add, |w| w.len() / 20, |b| {
         let block = w.as_ptr().add(b * 20);
         let (scale, min) = (f16_at(block), f16_at(block.add(2)));
-        Sub { values: nibbles(block.add(4)), signed: false, scale, min, halves: None }
+        Sub { values: nibbles(block.add(4)), signed: false, scale, min, halves: None, min_halves: None }
     },
     |q| f16_pairs_x4(w.as_ptr().add(q * 20), 20),
     Some(
@@ -74,7 +75,7 @@ int8_kernels!(
         let block = w.as_ptr().add(b * 22);
         let q = _mm256_or_si256(nibbles(block.add(6)), fifth_bits(block.add(2)));
         let values = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None }
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None, min_halves: None }
     },
     |q| (f16x4(w.as_ptr().add(q * 22), 22), _mm_setzero_ps())
 );
@@ -86,7 +87,7 @@ int8_kernels!(
         let block = w.as_ptr().add(b * 24);
         let values = _mm256_or_si256(nibbles(block.add(8)), fifth_bits(block.add(4)));
         let (scale, min) = (f16_at(block), f16_at(block.add(2)));
-        Sub { values, signed: false, scale, min, halves: None }
+        Sub { values, signed: false, scale, min, halves: None, min_halves: None }
     },
     |q| f16_pairs_x4(w.as_ptr().add(q * 24), 24)
 );
@@ -118,7 +119,7 @@ macro_rules! k_quant_kernels {
                 }
                 let scale = f16_at(block) * f32::from(sc);
                 let min = f16_at(block.add(2)) * f32::from(m);
-                Sub { values, signed: false, scale, min, halves: None }
+                Sub { values, signed: false, scale, min, halves: None, min_halves: None }
             },
             |q| {
                 // Sub-blocks q..q + 4 of one block (q is a multiple of 4).
@@ -168,7 +169,7 @@ int8_kernels!(
         );
         let values = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
         let scale = f16_at(block.add(Q6_K_D_OFFSET));
-        Sub { values, signed: true, scale, min: 0.0, halves: Some(halves) }
+        Sub { values, signed: true, scale, min: 0.0, halves: Some(halves), min_halves: None }
     },
     |q| {
         let d = f16_at(w.as_ptr().add(q / 8 * BLOCK_Q6_K_BYTES + Q6_K_D_OFFSET));
@@ -199,7 +200,7 @@ int8_kernels!(
             _mm_set1_epi16(i16::from(first)),
         );
         let scale = f16_at(block.add(Q3_K_D_OFFSET));
-        Sub { values, signed: true, scale, min: 0.0, halves: Some(halves) }
+        Sub { values, signed: true, scale, min: 0.0, halves: Some(halves), min_halves: None }
     },
     |q| {
         let d = f16_at(w.as_ptr().add(q / 8 * BLOCK_Q3_K_BYTES + Q3_K_D_OFFSET));
@@ -213,7 +214,7 @@ int8_kernels!(
     dot_iq4_nl, dot_iq4_nl_vnni, Mins::None, |w| w.len() / BLOCK_IQ4_NL_BYTES, |b| {
         let block = w.as_ptr().add(b * BLOCK_IQ4_NL_BYTES);
         let values = _mm256_shuffle_epi8(iq4_levels(), nibbles(block.add(IQ4_NL_QS_OFFSET)));
-        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None }
+        Sub { values, signed: true, scale: f16_at(block), min: 0.0, halves: None, min_halves: None }
     },
     |q| (f16x4(w.as_ptr().add(q * BLOCK_IQ4_NL_BYTES), BLOCK_IQ4_NL_BYTES), _mm_setzero_ps()),
     Some(
@@ -240,7 +241,7 @@ int8_kernels!(
         let values = _mm256_shuffle_epi8(iq4_levels(), nibbles(at));
         let header = std::slice::from_raw_parts(block, IQ4_XS_QS_OFFSET);
         let scale = f16_at(block) * f32::from(iq4_xs_scale(j, header));
-        Sub { values, signed: true, scale, min: 0.0, halves: None }
+        Sub { values, signed: true, scale, min: 0.0, halves: None, min_halves: None }
     },
     |q| {
         let block = w.as_ptr().add(q / 8 * BLOCK_IQ4_XS_BYTES);
@@ -262,4 +263,34 @@ int8_kernels!(
             Octet { values, signed: true }
         }
     )
+);
+
+int8_kernels!(
+    /// Q2_K row (256 values per block: 16 bytes of 4-bit scales and mins of 16-value
+    /// sub-blocks, 64 bytes of 2-bit quants, f16 d, f16 dmin; value `(d·sc)·q − dmin·m`)
+    /// with 8-bit activations. Sub-block j = 4h + k is bits 2k.. of qs[32h..]; its halves'
+    /// scales (the low nibbles of bytes 8h + 2k and 8h + 2k + 1) multiply their pair sums
+    /// in the integers under the factor `d`, and their mins (the high nibbles) the pair
+    /// sums of the vector's values under `dmin` ([`Mins::Halves`]).
+    dot_q2_k, dot_q2_k_vnni, Mins::Halves, |w| w.len() / BLOCK_Q2_K_BYTES * 8, |b| {
+        let block = w.as_ptr().add(b / 8 * BLOCK_Q2_K_BYTES);
+        let j = b % 8;
+        let (h, k) = (j / 4, j % 4);
+        let qs = load32(block.add(Q2_K_QS_OFFSET + 32 * h));
+        let shifted = _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * k as i32));
+        let values = _mm256_and_si256(shifted, _mm256_set1_epi8(3));
+        let (first, second) = (*block.add(8 * h + 2 * k), *block.add(8 * h + 2 * k + 1));
+        let words = |low: u8, high: u8| {
+            _mm256_set_m128i(_mm_set1_epi16(i16::from(high)), _mm_set1_epi16(i16::from(low)))
+        };
+        let halves = words(first & 0x0f, second & 0x0f);
+        let min_halves = [i32::from(first >> 4), i32::from(second >> 4)];
+        let (scale, min) = (f16_at(block.add(Q2_K_D_OFFSET)), f16_at(block.add(Q2_K_D_OFFSET + 2)));
+        Sub { values, signed: false, scale, min, halves: Some(halves), min_halves: Some(min_halves) }
+    },
+    |q| {
+        let block = w.as_ptr().add(q / 8 * BLOCK_Q2_K_BYTES);
+        let (d, dmin) = (f16_at(block.add(Q2_K_D_OFFSET)), f16_at(block.add(Q2_K_D_OFFSET + 2)));
+        (_mm_set1_ps(d), _mm_set1_ps(dmin))
+    }
 );
