@@ -25,6 +25,7 @@ use std::process::Command;
 #[path = "emulated/append.rs"]
 mod append;
 mod common;
+use common::within;
 #[path = "emulated/fused.rs"]
 mod fused;
 #[path = "emulated/gemv.rs"]
@@ -258,22 +259,6 @@ fn decode_and_a_chunk(decode: &[u32]) -> (Vec<usize>, Vec<(u32, std::ops::Range<
     let mut lens: Vec<usize> = decode.iter().map(|&c| c as usize).collect();
     lens.push(64);
     (lens, chunks)
-}
-
-/// The worst of `got`'s errors from `want`, each relative to the wanted value (at least 1
-/// in the denominator) and at most `tolerance`.
-fn within(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: values");
-    let mut worst = 0.0f32;
-    for (j, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(
-            err <= tolerance,
-            "{what}[{j}]: {g} vs {w} (allowed {tolerance})"
-        );
-        worst = worst.max(err);
-    }
-    worst
 }
 
 /// `got16` is `got` rounded to bf16, value for value.

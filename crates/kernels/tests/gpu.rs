@@ -57,16 +57,7 @@ fn rounded(v: &[f32]) -> Vec<f32> {
 
 #[track_caller]
 fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    let mut worst = 0.0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(
-            err <= rel,
-            "{what}[{i}]: {g} vs {w} (relative {err}, allowed {rel})"
-        );
-        worst = worst.max(err);
-    }
+    let worst = common::within(what, got, want, rel);
     eprintln!(
         "{what}: {} values, worst relative error {worst:.2e} (allowed {rel:.0e})",
         got.len()

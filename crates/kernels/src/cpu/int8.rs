@@ -43,22 +43,34 @@ const PARALLEL_VALUES: usize = 16 * 1024;
 /// pool's threads finish together.
 const TASK_VALUES: usize = 4 * 1024;
 
-/// Quantizes the whole blocks of `xs` into `qs`, `d` and `dsum` as [`Q8Acts`] holds them.
-fn quantize_blocks(xs: &[f32], qs: &mut [i8], d: &mut [f32], dsum: &mut [f32]) {
+/// One run of whole blocks as [`Q8Acts`] holds them: the values, and per block its scale,
+/// `d·Σq` and the two halves' `Σq`.
+struct Blocks<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    dsum: &'a mut [f32],
+    hsum: &'a mut [i32],
+}
+
+/// Quantizes the whole blocks of `xs` into `out`.
+fn quantize_blocks(xs: &[f32], out: Blocks<'_>) {
+    let Blocks { qs, d, dsum, hsum } = out;
     let blocks = xs.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK));
-    for ((x, q), (d, dsum)) in blocks.zip(d.iter_mut().zip(dsum)) {
+    let sums = d.iter_mut().zip(dsum).zip(hsum.chunks_exact_mut(2));
+    for ((x, q), ((d, dsum), hsum)) in blocks.zip(sums) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         *d = amax / 127.0;
         let inverse = if *d > 0.0 { 1.0 / *d } else { 0.0 };
-        let mut sum = 0i32;
         for (q, x) in q.iter_mut().zip(x) {
             // To the nearest, ties to even (as llama.cpp's SIMD quantizers round): adding
             // and taking away 1.5·2^23 leaves the integer nearest a value below 2^22, in
             // plain float arithmetic that vectorizes (no `roundf` call).
             *q = ((x * inverse + ROUNDER) - ROUNDER) as i8;
-            sum += i32::from(*q);
         }
-        *dsum = *d * sum as f32;
+        for (h, q) in hsum.iter_mut().zip(q.chunks_exact(BLOCK / 2)) {
+            *h = q.iter().map(|&q| i32::from(q)).sum();
+        }
+        *dsum = *d * (hsum[0] + hsum[1]) as f32;
     }
 }
 
@@ -196,16 +208,25 @@ impl Q8Acts {
         self.resize(xs.len(), cols)?;
         // Each block on its own: the same bits however the blocks are split.
         if xs.len() < PARALLEL_VALUES {
-            quantize_blocks(xs, &mut self.qs, &mut self.d, &mut self.dsum);
+            let out = Blocks {
+                qs: &mut self.qs,
+                d: &mut self.d,
+                dsum: &mut self.dsum,
+                hsum: &mut self.hsum,
+            };
+            quantize_blocks(xs, out);
         } else {
+            let blocks = TASK_VALUES / BLOCK;
             (xs.par_chunks(TASK_VALUES))
                 .zip(self.qs.par_chunks_mut(TASK_VALUES))
-                .zip(self.d.par_chunks_mut(TASK_VALUES / BLOCK))
-                .zip(self.dsum.par_chunks_mut(TASK_VALUES / BLOCK))
-                .for_each(|(((xs, qs), d), dsum)| quantize_blocks(xs, qs, d, dsum));
+                .zip(self.d.par_chunks_mut(blocks))
+                .zip(self.dsum.par_chunks_mut(blocks))
+                .zip(self.hsum.par_chunks_mut(2 * blocks))
+                .for_each(|((((xs, qs), d), dsum), hsum)| {
+                    quantize_blocks(xs, Blocks { qs, d, dsum, hsum })
+                });
         }
         self.interleave();
-        self.half_sums();
         Ok(())
     }
 
@@ -222,15 +243,23 @@ impl Q8Acts {
     ) -> Result<(), KernelError> {
         self.resize(xs.len(), cols)?;
         let blocks = cols / BLOCK;
-        let make = |(t, (((x, qs), d), dsum)): (usize, (((&mut [f32], _), _), _))| {
+        type Vector<'v> = (
+            (
+                ((&'v mut [f32], &'v mut [i8]), &'v mut [f32]),
+                &'v mut [f32],
+            ),
+            &'v mut [i32],
+        );
+        let make = |(t, ((((x, qs), d), dsum), hsum)): (usize, Vector<'_>)| {
             row(t, x);
-            quantize_blocks(x, qs, d, dsum);
+            quantize_blocks(x, Blocks { qs, d, dsum, hsum });
         };
         if xs.len() < PARALLEL_VALUES {
             (xs.chunks_mut(cols))
                 .zip(self.qs.chunks_mut(cols))
                 .zip(self.d.chunks_mut(blocks))
                 .zip(self.dsum.chunks_mut(blocks))
+                .zip(self.hsum.chunks_mut(2 * blocks))
                 .enumerate()
                 .for_each(make);
         } else {
@@ -238,12 +267,12 @@ impl Q8Acts {
                 .zip(self.qs.par_chunks_mut(cols))
                 .zip(self.d.par_chunks_mut(blocks))
                 .zip(self.dsum.par_chunks_mut(blocks))
+                .zip(self.hsum.par_chunks_mut(2 * blocks))
                 .enumerate()
                 .with_min_len((TASK_VALUES / cols).max(1))
                 .for_each(make);
         }
         self.interleave();
-        self.half_sums();
         Ok(())
     }
 
@@ -263,12 +292,6 @@ impl Q8Acts {
         self.hsum.resize(len / (BLOCK / 2), 0);
         self.octets.resize(len / cols * (cols / OCTET * OCTET), 0);
         Ok(())
-    }
-
-    /// Each 16 values' sum ([`Q8Row::hsum`]).
-    fn half_sums(&mut self) {
-        let halves = self.qs.chunks_exact(BLOCK / 2).zip(&mut self.hsum);
-        halves.for_each(|(q, h)| *h = q.iter().map(|&q| i32::from(q)).sum());
     }
 
     /// Each vector's whole octets from its blocks ([`Q8Row::octets`]).

@@ -203,6 +203,48 @@ pub fn check_fast_batch_invariance(seed: u64, cases_per_dtype: usize) {
     }
 }
 
+/// The worst of `got`'s errors from `want`, each relative to the wanted value (at least 1
+/// in the denominator) and at most `tolerance`.
+#[track_caller]
+pub fn within(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: values");
+    let mut worst = 0.0f32;
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(
+            err <= tolerance,
+            "{what}[{j}]: {g} vs {w} (relative {err}, allowed {tolerance})"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+/// The twin of `rmsnorm_residual_bf16` over `tokens` rows of `residual` (and `x`, added
+/// first where given): the residual after the add, the bf16 output and the f32 one
+/// (`fused::add_rms_norm_bf16`, row by row, eps 1e-5).
+pub fn rmsnorm_bf16_twin(
+    residual: &[f32],
+    x: Option<&[f32]>,
+    weight: &[f32],
+) -> (Vec<f32>, Vec<u16>, Vec<f32>) {
+    let hidden = weight.len();
+    let mut res = residual.to_vec();
+    let mut out16 = vec![0u16; residual.len()];
+    let mut out32 = Vec::with_capacity(residual.len());
+    for t in 0..residual.len() / hidden {
+        let r = t * hidden..(t + 1) * hidden;
+        out32.extend(tessera_kernels::fused::add_rms_norm_bf16(
+            &mut res[r.clone()],
+            x.map(|x| &x[r.clone()]),
+            weight,
+            1e-5,
+            &mut out16[r],
+        ));
+    }
+    (res, out16, out32)
+}
+
 /// Each bf16 of `got` is `want`'s or a neighbour (one unit in the last place); returns how
 /// many were neighbours.
 #[track_caller]

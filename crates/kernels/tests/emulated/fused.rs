@@ -7,20 +7,11 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use tessera_kernels::fused;
 
-use super::common::close_bf16;
-use super::{compiled, drive as run, f32s, u16s};
+use super::common::{close_bf16, rmsnorm_bf16_twin};
+use super::{compiled, drive as run, f32s, u16s, within};
 
 fn floats(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-/// `got` within `rel` of `want` (relative, at least 1 in the denominator).
-fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(err <= rel, "{what}[{i}]: {g} vs {w}");
-    }
 }
 
 fn put(bytes: &mut Vec<u8>, values: &[f32]) {
@@ -61,20 +52,11 @@ fn the_fused_norm_and_activation_emulated_are_their_twins() {
                 f32s(&bytes[n * 2..n * 6]),
                 f32s(&bytes[n * 6..]),
             );
-            let (mut want_res, mut want16, mut want32) = (residual.clone(), vec![0u16; n], vec![]);
-            for t in 0..tokens {
-                let r = t * hidden..(t + 1) * hidden;
-                want32.extend(fused::add_rms_norm_bf16(
-                    &mut want_res[r.clone()],
-                    add.then_some(&x[r.clone()]),
-                    &weight,
-                    1e-5,
-                    &mut want16[r],
-                ));
-            }
+            let (want_res, want16, want32) =
+                rmsnorm_bf16_twin(&residual, add.then_some(&x), &weight);
             let what = format!("rmsnorm bf16, hidden {hidden}, add {add}");
-            close(&what, &got_res, &want_res, 1e-6);
-            close(&what, &got32, &want32, 1e-5);
+            within(&what, &got_res, &want_res, 1e-6);
+            within(&what, &got32, &want32, 1e-5);
             close_bf16(&what, &got16, &want16);
         }
     }
@@ -96,7 +78,7 @@ fn the_fused_norm_and_activation_emulated_are_their_twins() {
             want32.extend(fused::silu_mul_bf16(row, out));
         }
         let what = format!("silu_mul bf16, inter {inter}");
-        close(&what, &got32, &want32, 1e-5);
+        within(&what, &got32, &want32, 1e-5);
         close_bf16(&what, &got16, &want16);
     }
 }

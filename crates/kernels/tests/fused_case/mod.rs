@@ -13,7 +13,7 @@ use tessera_kernels::cuda::{Append, CudaSlice, RopeKv, Slots};
 use tessera_kernels::fused::{self, QkvRow};
 use tessera_kernels::rope::{Rope, RopePairing, RopeScaling};
 
-use super::common::close_bf16;
+use super::common::{close_bf16, rmsnorm_bf16_twin};
 use super::paged_case::PagedCase;
 use super::{GROUPED_TOLERANCE, close, device, ops, random, to_bf16};
 
@@ -42,19 +42,8 @@ fn rmsnorm_residual_bf16_matches_its_twin() {
                 1e-5,
             )
             .unwrap();
-            let mut want_res = residual.clone();
-            let mut want16 = vec![0u16; hidden * tokens];
-            let mut want32 = Vec::new();
-            for t in 0..tokens {
-                let r = t * hidden..(t + 1) * hidden;
-                want32.extend(fused::add_rms_norm_bf16(
-                    &mut want_res[r.clone()],
-                    add.then_some(&x[r.clone()]),
-                    &weight,
-                    1e-5,
-                    &mut want16[r],
-                ));
-            }
+            let (want_res, want16, want32) =
+                rmsnorm_bf16_twin(&residual, add.then_some(&x), &weight);
             let what = format!("rmsnorm bf16, hidden {hidden}, add {add}");
             close(&what, &ops.download(&res_dev).unwrap(), &want_res, 1e-6);
             close_bf16(&what, &ops.download(&out16).unwrap(), &want16);

@@ -91,6 +91,12 @@ fn blocks_quantize_to_within_half_a_step() {
             }
             let sum: i32 = q.iter().map(|&q| i32::from(q)).sum();
             assert_eq!(row.dsum[b], row.d[b] * sum as f32);
+            for (h, q) in q.chunks(16).enumerate() {
+                assert_eq!(
+                    row.hsum[2 * b + h],
+                    q.iter().map(|&q| i32::from(q)).sum::<i32>()
+                );
+            }
         }
     }
     assert!(Q8Acts::quantize(&xs[..40], 40).is_err(), "not whole blocks");
