@@ -8,7 +8,6 @@
 //! (CI sets it, and installs the package).
 
 use std::collections::BTreeSet;
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -65,9 +64,14 @@ fn start_prometheus(binary: &str, dir: &std::path::Path, target: &str) -> Promet
         child,
         url: format!("http://127.0.0.1:{port}"),
     };
+    // Listening is not ready: until it has loaded its rules, Prometheus answers its API
+    // with 503 (seen once in a suite run, on `rules`). `/-/ready` says 200 when it serves.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "prometheus did not listen");
+    while ureq::get(format!("{}/-/ready", prometheus.url))
+        .call()
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "prometheus did not become ready");
         std::thread::sleep(Duration::from_millis(100));
     }
     prometheus
