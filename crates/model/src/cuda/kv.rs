@@ -62,7 +62,6 @@ impl Pools {
 pub struct DeviceKv {
     layout: KvLayout,
     num_blocks: usize,
-    dtype: DeviceDtype,
     pub(crate) pools: Pools,
     pub(crate) scratch: Option<Box<Scratch>>,
     /// Captured decode passes over this cache.
@@ -114,7 +113,6 @@ impl DeviceKv {
         Ok(DeviceKv {
             layout,
             num_blocks,
-            dtype,
             pools: Pools::new(ops, dtype, layers, pool)?,
             scratch: None,
             graphs: super::graph::DecodeGraphs::from_env(),
@@ -135,7 +133,10 @@ impl DeviceKv {
 
     /// The type of its values.
     pub fn dtype(&self) -> DeviceDtype {
-        self.dtype
+        match self.pools {
+            Pools::Bf16(_) => DeviceDtype::Bf16,
+            Pools::F32(_) => DeviceDtype::F32,
+        }
     }
 
     /// Kernel launches of the last forward pass (a replayed graph counts one).
